@@ -1,0 +1,259 @@
+# Copyright (c) remote_gpu.trainer contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""gpu_health without Ansible: pick a backend, sample a window, read the kernel log, judge.
+
+``check_gpu_health(options, run, nvml)`` returns the module's result (less ``changed``). The
+backends fill one data model (see ``_gpu_checks``); the verdict is the same pure functions
+whichever backend read the GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _kernel_log, _xid
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._command import Runner
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding, status_of
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_checks import (
+    DEFAULT_THRESHOLDS,
+    box_findings,
+    gpu_findings,
+    reason_names,
+    window_summary,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_nvml import (
+    NvmlBackend,
+    NvmlLibraryMissing,
+    NvmlNoDriver,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_smi import SmiBackend, SmiError, SmiNoDriver
+
+BACKENDS = ("auto", "nvml", "nvidia-smi")
+DEFAULT_OPTIONS: Dict[str, Any] = dict(
+    DEFAULT_THRESHOLDS,
+    backend="auto",
+    gpus=None,
+    sample_seconds=3.0,
+    # NVML refreshes clocks, temperature and event reasons several times a second; 0.5 s catches a
+    # throttle episode of a second or more within a 3 s window at half the cost of 0.25 s, and a
+    # nvidia-smi call (about 0.1 s on a loaded 8-GPU box) still fits between two samples.
+    sample_interval_s=0.5,
+    command_timeout_s=10.0,
+    xid_since="boot",
+    kernel_log_timeout_s=10.0,
+)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(value: Optional[str], now: datetime) -> Optional[datetime]:
+    """``xid_since``: ``boot`` -> None (the whole log), ``24h``/``30m``/``7d`` -> now minus that,
+    or an ISO-8601 time (UTC when it has no offset). Raises ValueError otherwise."""
+    text = (value or "boot").strip()
+    if text.lower() == "boot":
+        return None
+    duration = _DURATION.match(text)
+    if duration:
+        return now - timedelta(seconds=float(duration.group(1)) * _UNIT_SECONDS[duration.group(2).lower()])
+    try:
+        moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+    except ValueError:
+        raise ValueError(
+            f"xid_since must be 'boot', a duration like 24h / 30m / 7d, or an ISO-8601 time, not {value!r}"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def pid_visible(pid: int) -> bool:
+    """Whether ``pid`` exists in this PID namespace (NVML reports host PIDs)."""
+    return os.path.exists(f"/proc/{int(pid)}")
+
+
+def _open_backend(choice: str, run: Runner, nvml: Any, timeout_s: float) -> Tuple[Any, Optional[str], str]:
+    """(opened backend or None, why none could start, name of the backend that answered last)."""
+    if choice in ("auto", "nvml"):
+        if nvml is None:
+            if choice == "nvml":
+                return None, "the pynvml module (package nvidia-ml-py) is not importable", "nvml"
+        else:
+            backend = NvmlBackend(nvml)
+            try:
+                backend.open()
+                return backend, None, backend.name
+            except NvmlNoDriver as exc:
+                return None, str(exc), backend.name
+            except NvmlLibraryMissing as exc:
+                if choice == "nvml":
+                    return None, f"libnvidia-ml.so.1 not found: {exc}", backend.name
+    smi = SmiBackend(run, timeout_s)
+    try:
+        smi.open()
+    except SmiNoDriver as exc:
+        return None, str(exc) if choice == "nvidia-smi" else f"no NVML library and {exc}", smi.name
+    except SmiError as exc:
+        return None, f"nvidia-smi failed: {exc}", smi.name
+    return smi, None, smi.name
+
+
+def _sample_window(
+    backend: Any,
+    gpus: List[Dict[str, Any]],
+    *,
+    seconds: float,
+    interval: float,
+    sleep: Callable[[float], None],
+    monotonic: Callable[[], float],
+) -> None:
+    """Append one sample per GPU at t = 0, interval, 2*interval ... up to ``seconds``."""
+    start = monotonic()
+    tick = 0
+    while True:
+        readings = backend.sample()
+        for gpu in gpus:
+            reading = readings.get(gpu["index"])
+            if reading is not None:
+                gpu["samples"].append(reading)
+        tick += 1
+        next_at = start + tick * interval
+        if interval <= 0 or next_at > start + seconds + 1e-9:
+            return
+        sleep(max(0.0, next_at - monotonic()))
+
+
+def _public_gpu(gpu: Dict[str, Any]) -> Dict[str, Any]:
+    """A GPU of the data model as the module returns it (the latest sample on top, window below)."""
+    samples = gpu.pop("samples")
+    last = samples[-1] if samples else {}
+    seen_mask = 0
+    for sample in samples:
+        seen_mask |= sample.get("reasons") or 0
+    public = {
+        "index": gpu["index"],
+        "name": gpu.get("name"),
+        "uuid": gpu.get("uuid"),
+        "pci_bus_id": gpu.get("pci_bus_id"),
+        "lost": bool(gpu.get("lost")),
+        "temperature_c": last.get("temperature_c"),
+        "sm_clock_mhz": last.get("sm_clock_mhz"),
+        "sm_clock_max_mhz": gpu.get("sm_clock_max_mhz"),
+        "power_draw_w": last.get("power_draw_w"),
+        "memory_used_mib": last.get("memory_used_mib"),
+        "memory_total_mib": gpu.get("memory_total_mib"),
+        "power_limit_w": gpu.get("power_limit_w"),
+        "power_default_limit_w": gpu.get("power_default_limit_w"),
+        "clocks_event_reasons": reason_names(seen_mask),
+        "persistence_mode": gpu.get("persistence_mode"),
+        "pcie": gpu.get("pcie") or {},
+        "processes": gpu.get("processes") or [],
+        "ecc": gpu.get("ecc"),
+        "remapped_rows": gpu.get("remapped_rows"),
+        "retired_pages": gpu.get("retired_pages"),
+        "nvlinks": gpu.get("nvlinks") or [],
+        "mig_mode": gpu.get("mig_mode") or {},
+        "window": window_summary(samples),
+    }
+    return public
+
+
+def _kernel_log_findings(
+    options: Dict[str, Any], run: Runner, gpus: List[Dict[str, Any]], now: datetime
+) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    log = _kernel_log.read_kernel_log(run, options["kernel_log_timeout_s"])
+    summary = {"source": log.get("source"), "readable": log.get("lines") is not None}
+    unreadable = _kernel_log.kernel_log_finding(log)
+    if unreadable is not None:
+        return summary, [unreadable]
+    events = _xid.parse_kernel_log(log["lines"])
+    bus_ids = {gpu["index"]: gpu["pci_bus_id"] for gpu in gpus if gpu.get("pci_bus_id")}
+    since = parse_since(options["xid_since"], now)
+    return summary, _xid.xid_findings(events, bus_ids, since=since, boot_time=_kernel_log.boot_time())
+
+
+def _without_duplicate_losses(xid_found: List[Dict[str, Any]], gpus: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The kernel log's gpu_lost for a GPU the backend already reported lost says nothing new."""
+    lost = [gpu for gpu in gpus if gpu.get("lost")]
+    lost_indexes = {gpu["index"] for gpu in lost}
+    unmapped_lost = any(not gpu.get("pci_bus_id") for gpu in lost)
+    kept = []
+    for item in xid_found:
+        if item["code"] == "gpu_lost" and (
+            item.get("gpu") in lost_indexes or (item.get("gpu") is None and unmapped_lost)
+        ):
+            continue
+        kept.append(item)
+    return kept
+
+
+def check_gpu_health(
+    options: Dict[str, Any],
+    run: Runner,
+    nvml: Any,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    monotonic: Callable[[], float] = time.monotonic,
+    is_visible: Callable[[int], bool] = pid_visible,
+    now: Optional[datetime] = None,
+) -> Dict[str, Any]:
+    """Run every gpu_health check; ``options`` are the module's parameters (defaults filled in)."""
+    opts = dict(DEFAULT_OPTIONS)
+    opts.update({key: value for key, value in options.items() if value is not None})
+    now = now or datetime.now(timezone.utc)
+    # Reject bad option values before spending the sampling window.
+    parse_since(opts["xid_since"], now)
+    if opts["expected_gpu_model"]:
+        try:
+            re.compile(opts["expected_gpu_model"])
+        except re.error as exc:
+            raise ValueError(f"expected_gpu_model is not a valid regular expression: {exc}") from None
+    findings: List[Dict[str, Any]] = []
+    result: Dict[str, Any] = {"driver_version": None, "cuda_version": None, "gpus": []}
+    all_gpus: Optional[List[Dict[str, Any]]] = None
+    requested = opts["gpus"] or None
+
+    backend, no_driver, backend_name = _open_backend(opts["backend"], run, nvml, opts["command_timeout_s"])
+    result["backend"] = backend_name
+    if backend is None:
+        findings.append(finding("no_driver", "FAIL", f"no usable NVIDIA driver: {no_driver}", "re_rent"))
+    else:
+        try:
+            result.update(backend.versions())
+            all_gpus = backend.inventory()
+            selected = [gpu for gpu in all_gpus if requested is None or gpu["index"] in requested]
+            for gpu in selected:
+                gpu["samples"] = []
+            _sample_window(
+                backend,
+                selected,
+                seconds=opts["sample_seconds"],
+                interval=opts["sample_interval_s"],
+                sleep=sleep,
+                monotonic=monotonic,
+            )
+            processes = backend.processes()
+            for gpu in selected:
+                gpu["lost"] = gpu.get("lost") or gpu["index"] in backend.lost_indexes()
+                gpu["processes"] = [
+                    dict(proc, visible=bool(is_visible(proc["pid"]))) for proc in processes.get(gpu["index"], [])
+                ]
+        except SmiError as exc:
+            findings.append(
+                finding("gpu_query_failed", "WARN", f"reading the GPUs failed part-way: {exc}", "investigate")
+            )
+        finally:
+            backend.close()
+        if all_gpus is not None:  # an inventory that failed says nothing about the GPU count
+            findings += box_findings(all_gpus, requested, opts, result["driver_version"], result["cuda_version"])
+        selected = [gpu for gpu in all_gpus or [] if "samples" in gpu]
+        for gpu in selected:
+            findings += gpu_findings(gpu, opts)
+        result["gpus"] = [_public_gpu(gpu) for gpu in selected]
+
+    result["kernel_log"], xid_found = _kernel_log_findings(opts, run, all_gpus or [], now)
+    xid_found = [f for f in xid_found if requested is None or f.get("gpu") is None or f["gpu"] in requested]
+    findings += _without_duplicate_losses(xid_found, all_gpus or [])
+    result.update(findings=findings, status=status_of(findings), sample_seconds=opts["sample_seconds"])
+    return result

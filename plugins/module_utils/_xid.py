@@ -1,0 +1,452 @@
+# Copyright (c) remote_gpu.trainer contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Xid catalog, kernel-log parsing and the Xid findings of ``gpu_health``.
+
+Classification, from a renter's point of view (a rented box usually cannot reset its GPU):
+
+* ``hardware``: the GPU, its memory or its links are failing, or need a reset to apply a repair.
+  Finding ``xid_hardware`` (FAIL); action ``re_rent`` (persistent) or ``reset_gpu``.
+* ``driver``: driver or GPU firmware (GSP, PMU) faults. Those that leave the GPU wedged until a reset
+  are FAIL (``xid_hardware``, action ``reset_gpu``); advisory ones are WARN (``xid_application``).
+* ``application``: usually the job's own fault; the GPU stays healthy. ``xid_application`` (WARN),
+  action ``restart_job`` or ``investigate``.
+* ``unknown``: a code this catalog does not know. Nothing rules out a hardware fault, but failing a
+  box on a code nobody documented is too harsh: ``xid_unknown`` (WARN), action ``investigate``.
+
+Entries whose action is ``none`` (test or informational events) produce no finding.
+An Xid 79 and the no-Xid "has fallen off the bus" block both produce ``gpu_lost`` (FAIL, re_rent); an Xid 79
+also produces its ``xid_hardware`` finding, as every hardware Xid does.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone, tzinfo
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._kernel_log import split_record
+
+# (code, short name, kind, renter's action). Written from NVIDIA's public Xid catalog and nverror.h.
+_CATALOG_ROWS = (
+    (8, "GPU stopped processing (channel idle timeout)", "application", "restart_job"),
+    (11, "invalid or corrupted push buffer stream", "application", "restart_job"),
+    (13, "graphics engine exception", "application", "restart_job"),
+    (14, "injected test error", "driver", "none"),
+    (25, "invalid or illegal push buffer stream", "application", "restart_job"),
+    (31, "GPU memory page fault (MMU fault)", "application", "restart_job"),
+    (32, "corrupted push buffer stream (PBDMA, usually PCIe quality)", "hardware", "re_rent"),
+    (38, "driver firmware watchdog timeout (FECS)", "driver", "investigate"),
+    (39, "copy engine exception (CE0)", "application", "restart_job"),
+    (40, "copy engine exception (CE1)", "application", "restart_job"),
+    (41, "copy engine exception (CE2)", "application", "restart_job"),
+    (43, "GPU stopped processing (channel reset after a job fault)", "application", "restart_job"),
+    (44, "graphics engine fault during context switch", "application", "restart_job"),
+    (45, "preemptive channel teardown (job aborted or killed)", "application", "investigate"),
+    (46, "GPU stopped processing (GPU timeout)", "driver", "reset_gpu"),
+    (48, "double-bit ECC error (uncorrectable memory error)", "hardware", "re_rent"),
+    (54, "auxiliary power not connected", "hardware", "re_rent"),
+    (56, "display engine error", "driver", "investigate"),
+    (57, "error programming video memory interface", "hardware", "re_rent"),
+    (58, "unstable video memory interface (FB memory error)", "hardware", "re_rent"),
+    (61, "internal micro-controller breakpoint or warning (PMU)", "driver", "investigate"),
+    (62, "internal micro-controller halt (PMU)", "driver", "reset_gpu"),
+    (63, "memory row remap or page retirement recorded (applies after a reset)", "hardware", "re_rent"),
+    (64, "memory row remap or page retirement failure", "hardware", "re_rent"),
+    (68, "video decoder exception (NVDEC0)", "application", "restart_job"),
+    (69, "graphics engine class error", "application", "restart_job"),
+    (74, "NVLink error", "hardware", "re_rent"),
+    (79, "GPU has fallen off the bus", "hardware", "re_rent"),
+    (92, "high single-bit ECC error rate", "hardware", "re_rent"),
+    (94, "contained ECC error", "hardware", "re_rent"),
+    (95, "uncontained ECC error", "hardware", "re_rent"),
+    (109, "context switch timeout", "driver", "reset_gpu"),
+    (110, "security fault", "hardware", "re_rent"),
+    (119, "GSP RPC timeout", "driver", "reset_gpu"),
+    (120, "GSP firmware error", "driver", "reset_gpu"),
+    (121, "corrected C2C link errors (Grace-Hopper/Blackwell)", "hardware", "none"),
+    (122, "PMU RPC read failure over SPI", "driver", "investigate"),
+    (123, "PMU RPC write failure over SPI", "driver", "investigate"),
+    (136, "NVLink link training failed", "hardware", "re_rent"),
+    (137, "NVLink privilege error (illegal peer access)", "application", "restart_job"),
+    (140, "unrecovered ECC error (could not remap or retire)", "hardware", "re_rent"),
+    (141, "CUDA fast path error", "driver", "none"),
+    (143, "GPU initialization error", "driver", "reset_gpu"),
+    (144, "NVLink SAW error", "hardware", "reset_gpu"),
+    (145, "NVLink RLW error", "hardware", "reset_gpu"),
+    (146, "NVLink TLW error", "hardware", "reset_gpu"),
+    (147, "NVLink TREX error", "hardware", "reset_gpu"),
+    (148, "NVLink NVLPW control error", "hardware", "reset_gpu"),
+    (149, "NVLink NETIR error", "hardware", "reset_gpu"),
+    (150, "NVLink MSE error", "hardware", "reset_gpu"),
+    (151, "key rotation error (confidential computing)", "driver", "investigate"),
+    (154, "GPU recovery action changed (see the accompanying Xid)", "driver", "investigate"),
+    (155, "NVLink link brought down by software", "driver", "reset_gpu"),
+    (156, "resource retirement event (applies after a reset)", "hardware", "reset_gpu"),
+    (157, "resource retirement failure", "hardware", "re_rent"),
+    (158, "GPU fatal timeout", "driver", "reset_gpu"),
+)
+
+CATALOG: Dict[int, Dict[str, Any]] = {
+    code: {"code": code, "name": name, "kind": kind, "action": action} for code, name, kind, action in _CATALOG_ROWS
+}
+_CONDEMNING_ACTIONS = ("re_rent", "reset_gpu")
+XID_FALLEN_OFF_BUS = 79
+
+
+def _level(action: str) -> Optional[str]:
+    if action == "none":
+        return None
+    return "FAIL" if action in _CONDEMNING_ACTIONS else "WARN"
+
+
+def xid_info(code: int) -> Dict[str, Any]:
+    """Catalog entry for an Xid code: code, name, kind, action, known, and the finding ``level`` (or None)."""
+    entry = CATALOG.get(int(code))
+    if entry is None:
+        info = {"code": int(code), "name": "unknown Xid", "kind": "unknown", "action": "investigate", "known": False}
+    else:
+        info = dict(entry, known=True)
+    info["level"] = _level(info["action"])
+    return info
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# PCI addresses
+# ---------------------------------------------------------------------------------------------------------------
+_PCI_RE = re.compile(r"(?:PCI:)?(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?$")
+
+
+def normalize_pci(address: str) -> Optional[str]:
+    """``00000000:18:00.0``, ``0000:18:00``, ``PCI:0000:18:00`` -> ``0000:18:00``; ``18:00.0`` -> ``18:00``."""
+    match = _PCI_RE.match(address.strip())
+    if match is None:
+        return None
+    domain, bus, device = match.groups()
+    short = f"{bus.lower()}:{device.lower()}"
+    return short if domain is None else f"{int(domain, 16):04x}:{short}"
+
+
+def pci_to_gpu_index(pci: str, gpu_bus_ids: Dict[int, str]) -> Optional[int]:
+    """The index of the GPU at ``pci`` among ``{index: NVML pci bus id}``; a domain-less address must be unique."""
+    wanted = normalize_pci(pci) if pci else None
+    if wanted is None:
+        return None
+    short_matches = []
+    for index, bus_id in gpu_bus_ids.items():
+        known = normalize_pci(bus_id) if bus_id else None
+        if known is None:
+            continue
+        if known == wanted:
+            return index
+        if known.endswith(wanted) or wanted.endswith(known):
+            short_matches.append(index)
+    return short_matches[0] if len(short_matches) == 1 else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kernel log parsing
+# ---------------------------------------------------------------------------------------------------------------
+_XID_RE = re.compile(
+    r"\bXid \((?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?\): (\d+)(?:,\s*|$)"
+)
+_PID_RE = re.compile(r"pid=('?)([^,']*)\1,\s*")
+_NAME_RE = re.compile(r"name=([^,]*),\s*")
+_GPU_AT_RE = re.compile(r"NVIDIA GPU (?:at )?(?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})")
+_ANY_PCI_RE = re.compile(r"\b([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?\b")
+
+LINE_EXCERPT = 300
+DEFAULT_MAX_PER_KEY = 20
+# How many following records may carry the rest of a split "The NVIDIA GPU ... fallen off the bus" block.
+_SPLIT_BLOCK_LINES = 4
+
+
+def _event(
+    kind: str,
+    code: Optional[int],
+    pci: Optional[str],
+    timestamp: Optional[datetime],
+    uptime: Optional[float],
+    **rest: Any,
+) -> Dict[str, Any]:
+    event = {"event": kind, "code": code, "pci": pci, "pid": None, "process": None, "detail": ""}
+    event.update(timestamp=timestamp, uptime_s=uptime, line="", count=1)
+    event.update(rest)
+    return event
+
+
+def _xid_event(
+    match: Any, pci: Optional[str], message: str, line: str, *, timestamp: Any, uptime: Any
+) -> Dict[str, Any]:
+    rest = message[match.end() :]
+    pid = process = None
+    pid_match = _PID_RE.match(rest)
+    if pid_match is not None:
+        pid = int(pid_match.group(2)) if pid_match.group(2).isdigit() else None
+        rest = rest[pid_match.end() :]
+        name_match = _NAME_RE.match(rest)
+        if name_match is not None:
+            process = None if name_match.group(1) in ("<unknown>", "") else name_match.group(1)
+            rest = rest[name_match.end() :]
+    return _event(
+        "xid",
+        int(match.group(2)),
+        pci,
+        timestamp,
+        uptime,
+        pid=pid,
+        process=process,
+        detail=rest.strip()[:LINE_EXCERPT],
+        line=line[:LINE_EXCERPT],
+    )
+
+
+class _Collector:
+    """Keeps at most ``max_per_key`` events per (event, code, pci); later ones are folded into the last kept one."""
+
+    def __init__(self, max_per_key: int) -> None:
+        self.max_per_key = max(1, max_per_key)
+        self.events: List[Dict[str, Any]] = []
+        self._kept: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
+        self._counts: Dict[Tuple[Any, ...], int] = {}
+
+    def is_full(self, key: Tuple[Any, ...]) -> bool:
+        return self._counts.get(key, 0) >= self.max_per_key
+
+    def add(self, event: Dict[str, Any]) -> None:
+        key = (event["event"], event["code"], event["pci"])
+        if self.is_full(key):
+            self.fold(key, event["timestamp"], event["uptime_s"])
+            return
+        self._counts[key] = self._counts.get(key, 0) + 1
+        self.events.append(event)
+        self._kept[key] = event
+
+    def fold(self, key: Tuple[Any, ...], timestamp: Optional[datetime], uptime: Optional[float]) -> None:
+        last = self._kept[key]
+        last["count"] += 1
+        last["last_timestamp"] = timestamp
+        last["last_uptime_s"] = uptime
+
+
+def parse_kernel_log(
+    lines: Iterable[str],
+    max_per_key: int = DEFAULT_MAX_PER_KEY,
+    year: Optional[int] = None,
+    local_tz: Optional[tzinfo] = None,
+) -> List[Dict[str, Any]]:
+    """Every Xid and "fallen off the bus" event in a kernel log, in log order, in one linear pass.
+
+    Each event: event ('xid' | 'fallen_off_bus'), code, pci ('DDDD:BB:DD' or None), pid, process, detail,
+    timestamp (UTC datetime or None), uptime_s (or None), line (raw, truncated) and count. At most
+    ``max_per_key`` events are kept per (event, code, pci); the last kept one counts the rest in ``count``
+    and holds the newest one's time in ``last_timestamp`` / ``last_uptime_s``. Local-time stamps (dmesg -T,
+    syslog) are read in ``local_tz`` (default: this machine's zone); syslog stamps get ``year`` or a guess.
+    """
+    collector = _Collector(max_per_key)
+    pci_cache: Dict[str, Optional[str]] = {}  # a flood of Xids repeats the same few addresses
+    pending: Optional[Dict[str, Any]] = None  # an open "The NVIDIA GPU <pci> ... fallen off the bus" block
+    for raw in lines:
+        line = raw.rstrip("\r\n")
+        is_continuation = line[:1] in (" ", "\t")
+        if pending is not None:
+            pending["budget"] -= 1
+            if pending["budget"] < 0:
+                pending = None
+        if pending is None and "Xid" not in line and "NVIDIA GPU" not in line and "fallen off" not in line:
+            continue
+        if is_continuation and pending is not None:
+            message, timestamp, uptime = line.strip(), pending["timestamp"], pending["uptime_s"]
+        else:
+            timestamp, uptime, message = split_record(line, year, local_tz)
+        xid = _XID_RE.search(message)
+        if xid is not None:
+            raw_pci = xid.group(1)
+            pci = pci_cache.get(raw_pci) or pci_cache.setdefault(raw_pci, normalize_pci(raw_pci))
+            key = ("xid", int(xid.group(2)), pci)
+            if collector.is_full(key):
+                collector.fold(key, timestamp, uptime)
+            else:
+                collector.add(_xid_event(xid, pci, message, line, timestamp=timestamp, uptime=uptime))
+            continue
+        gpu_at = _GPU_AT_RE.search(message) if "NVIDIA GPU" in message else None
+        if gpu_at is not None:
+            pending = {"pci": normalize_pci(gpu_at.group(1)), "timestamp": timestamp, "uptime_s": uptime}
+            pending.update(budget=_SPLIT_BLOCK_LINES, parts=[message.strip()], line=line)
+        elif pending is not None and message.strip():
+            pending["parts"].append(_strip_nvrm(message))
+        if "fallen off the bus" in message:
+            pci = pending["pci"] if pending is not None else None
+            if pci is None:
+                own = _ANY_PCI_RE.search(message)
+                pci = normalize_pci(own.group(1)) if own is not None else None
+            parts = pending["parts"] if pending is not None else [message.strip()]
+            first = pending["line"] if pending is not None else line
+            joined = " ".join(parts)
+            start_ts = pending["timestamp"] if pending is not None else timestamp
+            start_up = pending["uptime_s"] if pending is not None else uptime
+            excerpt = (first.rstrip() + " " + " ".join(parts[1:])).strip()
+            event = _event("fallen_off_bus", None, pci, start_ts, start_up, detail=joined[:LINE_EXCERPT])
+            event["line"] = excerpt[:LINE_EXCERPT]
+            collector.add(event)
+            pending = None
+    return collector.events
+
+
+def _strip_nvrm(message: str) -> str:
+    text = message.strip()
+    return text[len("NVRM:") :].strip() if text.startswith("NVRM:") else text
+
+
+def summarize_events(events: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Group events by (event, code, pci): count, first/last timestamp and uptime, first line; in first-seen order."""
+    groups: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
+    for event in events:
+        key = (event["event"], event["code"], event["pci"])
+        group = groups.get(key)
+        last_ts = event.get("last_timestamp", event["timestamp"])
+        last_up = event.get("last_uptime_s", event["uptime_s"])
+        if group is None:
+            groups[key] = {
+                "event": event["event"],
+                "code": event["code"],
+                "pci": event["pci"],
+                "count": event.get("count", 1),
+                "first_timestamp": event["timestamp"],
+                "last_timestamp": last_ts,
+                "first_uptime_s": event["uptime_s"],
+                "last_uptime_s": last_up,
+                "first_line": event["line"],
+            }
+            continue
+        group["count"] += event.get("count", 1)
+        group["first_timestamp"] = _pick(min, group["first_timestamp"], event["timestamp"])
+        group["last_timestamp"] = _pick(max, group["last_timestamp"], last_ts)
+        group["first_uptime_s"] = _pick(min, group["first_uptime_s"], event["uptime_s"])
+        group["last_uptime_s"] = _pick(max, group["last_uptime_s"], last_up)
+    return list(groups.values())
+
+
+def _pick(choose: Any, current: Any, candidate: Any) -> Any:
+    if current is None:
+        return candidate
+    if candidate is None:
+        return current
+    return choose(current, candidate)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Findings
+# ---------------------------------------------------------------------------------------------------------------
+def _resolve(timestamp: Optional[datetime], uptime: Optional[float], boot_time: Optional[datetime]) -> Any:
+    if timestamp is not None:
+        return timestamp
+    if uptime is not None and boot_time is not None:
+        return boot_time + timedelta(seconds=uptime)
+    return None
+
+
+def _iso(moment: Optional[datetime]) -> Optional[str]:
+    return moment.astimezone(timezone.utc).isoformat(timespec="seconds") if moment is not None else None
+
+
+def _where(gpu: Optional[int], pci: Optional[str]) -> str:
+    if gpu is not None:
+        return f"GPU {gpu} ({pci})"
+    return f"GPU at {pci} (not one of this box's GPUs)" if pci else "an unidentified GPU"
+
+
+def _when(group: Dict[str, Any]) -> str:
+    first, last = _iso(group["first_timestamp"]), _iso(group["last_timestamp"])
+    if first is not None:
+        return f"at {first}" if first == last else f"from {first} to {last}"
+    if group["first_uptime_s"] is not None:
+        return f"at {group['first_uptime_s']:.0f} s after boot"
+    return "at an unknown time"
+
+
+def _resolved_events(
+    events: Iterable[Dict[str, Any]], since: Optional[datetime], boot_time: Optional[datetime]
+) -> List[Dict[str, Any]]:
+    kept = []
+    for event in events:
+        first = _resolve(event["timestamp"], event["uptime_s"], boot_time)
+        folded = "last_timestamp" in event or "last_uptime_s" in event
+        last = _resolve(event.get("last_timestamp"), event.get("last_uptime_s"), boot_time) if folded else first
+        # No time at all: keep it, a fault that cannot be dated cannot be ruled out as recent.
+        if since is not None and last is not None and last < since:
+            continue
+        kept.append(dict(event, timestamp=first, last_timestamp=last))
+    return kept
+
+
+def xid_findings(
+    events: Iterable[Dict[str, Any]],
+    gpu_bus_ids: Dict[int, str],
+    since: Optional[datetime] = None,
+    boot_time: Optional[datetime] = None,
+) -> List[Dict[str, Any]]:
+    """Findings for parsed kernel-log events: xid_hardware, xid_application, xid_unknown and gpu_lost.
+
+    One finding per (GPU or PCI address, Xid code); a GPU that fell off the bus gets one ``gpu_lost``
+    whether the log shows an Xid 79, the NVRM "fallen off the bus" block, or both. Events older than
+    ``since`` are ignored; uptime-only events are dated with ``boot_time`` when given; events with no
+    time at all are kept. A folded group (see ``parse_kernel_log``) counts in full when its newest event
+    is recent. ``gpu`` is the index from ``gpu_bus_ids`` ({index: PCI bus id}) or None when unmapped.
+    """
+    lost: Dict[Optional[str], Dict[str, Any]] = {}
+    findings = []
+    for group in summarize_events(_resolved_events(events, since, boot_time)):
+        pci = group["pci"]
+        group["gpu"] = pci_to_gpu_index(pci, gpu_bus_ids) if pci else None
+        if group["event"] == "fallen_off_bus" or group["code"] == XID_FALLEN_OFF_BUS:
+            _merge_lost(lost, dict(group))
+        if group["event"] == "fallen_off_bus":
+            continue
+        info = xid_info(group["code"])
+        if info["level"] is None:
+            continue
+        code = "xid_hardware" if info["level"] == "FAIL" else "xid_application"
+        if not info["known"]:
+            code = "xid_unknown"
+        message = (
+            f"{_where(group['gpu'], pci)}: Xid {info['code']} ({info['name']}, {info['kind']}) seen "
+            f"{group['count']}x {_when(group)}: {group['first_line'][:160]}"
+        )
+        findings.append(_finding(code, info["level"], message, info["action"], group, kind=info["kind"]))
+    for pci, group in lost.items():
+        message = (
+            f"{_where(group['gpu'], pci)} has fallen off the bus, seen {group['count']}x {_when(group)}: "
+            f"{group['first_line'][:160]}"
+        )
+        findings.append(_finding("gpu_lost", "FAIL", message, "re_rent", group, kind="hardware"))
+    findings.sort(key=lambda f: (f["level"] != "FAIL", f["gpu"] is None, f["gpu"] or 0, f["xid"] or 0))
+    return findings
+
+
+def _merge_lost(lost: Dict[Optional[str], Dict[str, Any]], group: Dict[str, Any]) -> None:
+    """One gpu_lost per PCI address, whether the log said Xid 79, the NVRM block, or both."""
+    merged = lost.get(group["pci"])
+    if merged is None:
+        lost[group["pci"]] = group
+        return
+    merged["count"] += group["count"]
+    merged["code"] = merged["code"] or group["code"]
+    for field, choose in (("first_timestamp", min), ("first_uptime_s", min), ("last_timestamp", max)):
+        merged[field] = _pick(choose, merged[field], group[field])
+
+
+def _finding(code: str, level: str, message: str, action: str, group: Dict[str, Any], *, kind: str) -> Dict[str, Any]:
+    return finding(
+        code,
+        level,
+        message,
+        action,
+        gpu=group["gpu"],
+        xid=group["code"],
+        kind=kind,
+        count=group["count"],
+        pci=group["pci"],
+        first_seen=_iso(group["first_timestamp"]),
+        last_seen=_iso(group["last_timestamp"]),
+    )

@@ -1,0 +1,165 @@
+"""Report filters: per-host results, the compact host line and the fleet summary."""
+
+from __future__ import annotations
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.remote_gpu.trainer.plugins.filter import report
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def gpu_health(findings=(), count=1, name=H100):
+    return {
+        "status": "PASS",
+        "findings": list(findings),
+        "backend": "nvml",
+        "driver_version": "550.54.15",
+        "cuda_version": "12.4",
+        "gpus": [{"index": i, "name": name} for i in range(count)],
+    }
+
+
+def box_health(findings=()):
+    return {
+        "status": "PASS",
+        "findings": list(findings),
+        "facts": {"disk": {"data": {"path": "/data", "bytes_used_pct": 3.0}}, "memory": {"host_total_mib": 1024}},
+    }
+
+
+XID79 = finding("xid_hardware", "FAIL", "Xid 79 on GPU 0: fallen off the bus", "re_rent", gpu=0, xid=79)
+NO_KLOG = finding("kernel_log_unreadable", "WARN", "dmesg: Operation not permitted", "investigate")
+DISK_FULL = finding("disk_low", "FAIL", "data fs /data: bytes 99% used", "free_disk", path="/data")
+
+
+def test_worst_status_accepts_levels_findings_and_results():
+    assert report.worst_status([]) == "PASS"
+    assert report.worst_status(["PASS", "WARN"]) == "WARN"
+    assert report.worst_status([NO_KLOG, XID79]) == "FAIL"
+    assert report.worst_status([{"status": "WARN"}, {"status": "PASS"}]) == "WARN"
+    with pytest.raises(AnsibleFilterError):
+        report.worst_status("FAIL")
+
+
+def test_preflight_result_merges_findings_and_facts():
+    result = report.preflight_result("box1", gpu_health([XID79, NO_KLOG], count=2), box_health([DISK_FULL]))
+    assert result["host"] == "box1"
+    assert result["status"] == "FAIL"
+    assert result["gpu_model"] == H100
+    assert result["gpu_count"] == 2
+    assert [f["code"] for f in result["findings"]] == ["xid_hardware", "kernel_log_unreadable", "disk_low"]
+    assert result["facts"]["gpu"]["backend"] == "nvml"
+    assert result["facts"]["disk"]["data"]["path"] == "/data"
+    assert result["facts"]["memory"] == {"host_total_mib": 1024}
+
+
+def test_vram_zombies_findings_and_facts_are_kept():
+    warn = finding("vram_zombies", "WARN", "1 zombie VRAM holder: pid 4242", "reap_zombies", pids=[4242])
+    zombies = {"status": "candidates", "candidates": [{"pid": 4242}], "killed": [], "failed": [], "findings": [warn]}
+    result = report.preflight_result("box2", gpu_health(), box_health(), zombies)
+    assert result["findings"] == [warn]
+    assert result["status"] == "WARN"
+    assert result["facts"]["vram_zombies"]["candidates"] == [{"pid": 4242}]
+    reaped = {"status": "reaped", "killed": [{"pid": 4242, "signal": "SIGTERM"}], "findings": []}
+    assert report.preflight_result("box2", gpu_health(), box_health(), reaped)["status"] == "PASS"
+
+
+def test_preflight_result_with_errors_and_no_gpu_data():
+    error = finding("preflight_error", "FAIL", "task 'Bootstrap' failed: no python3", "investigate")
+    result = report.preflight_result("h", errors=[error])
+    assert result["status"] == "FAIL"
+    assert result["gpu_count"] == 0
+    assert result["gpu_model"] is None
+
+
+def test_failed_or_skipped_checks():
+    crashed = {"failed": True, "msg": "Failed to import the required Python library (pynvml)\nmore"}
+    result = report.preflight_result("h", crashed, box_health(), {"failed": True, "msg": "psutil missing"})
+    assert [(f["code"], f["level"], f["check"]) for f in result["findings"]] == [
+        ("check_failed", "FAIL", "gpu_health"),
+        ("check_failed", "WARN", "vram_zombies"),
+    ]
+    assert (
+        result["findings"][0]["message"]
+        == "gpu_health could not run: Failed to import the required Python library (pynvml)"
+    )
+    assert result["gpu_count"] == 0
+    assert report.preflight_result("h", {"skipped": True}, box_health())["status"] == "PASS"
+
+
+def test_fleet_results_fills_in_hosts_without_a_result():
+    ok = report.preflight_result("a", gpu_health())
+    hostvars = {"a": {"preflight_result": ok, "other": 1}, "b": {"other": 2}}
+    results = report.fleet_results(["a", "b", "c"], hostvars)
+    assert results[0] == ok
+    assert [(r["host"], r["status"]) for r in results[1:]] == [("b", "UNREACHABLE"), ("c", "UNREACHABLE")]
+
+
+def test_line_shows_status_gpus_and_worst_findings_first():
+    result = report.preflight_result("box1", gpu_health([NO_KLOG, XID79]), box_health())
+    assert report.preflight_line(result) == (
+        f"box1  FAIL  1x {H100}  xid_hardware@gpu0 -> re_rent; kernel_log_unreadable -> investigate"
+    )
+
+
+def test_line_limits_findings_and_handles_pass_and_unreachable():
+    many = report.preflight_result("b", gpu_health([NO_KLOG, XID79]), box_health([DISK_FULL]))
+    assert report.preflight_line(many, max_findings=1) == f"b  FAIL  1x {H100}  xid_hardware@gpu0 -> re_rent; +2 more"
+    assert report.preflight_line(report.preflight_result("ok", gpu_health(count=8))) == f"ok  PASS  8x {H100}"
+    down = report.unreachable_result("gone", "ssh: connect to host 10.0.0.9 port 22: No route to host")
+    assert report.preflight_line(down) == (
+        "gone  UNREACHABLE  ssh: connect to host 10.0.0.9 port 22: No route to host  -> re_rent or check the console"
+    )
+
+
+def fleet():
+    return [
+        report.preflight_result("ok", gpu_health()),
+        report.preflight_result("warm", gpu_health([NO_KLOG])),
+        report.preflight_result("dead", gpu_health([XID79])),
+        report.preflight_result("full", gpu_health(), box_health([DISK_FULL])),
+        report.unreachable_result("gone"),
+    ]
+
+
+def test_fleet_summary_counts_and_exit_code():
+    summary = report.fleet_summary(fleet())
+    assert summary["counts"] == {"PASS": 1, "WARN": 1, "FAIL": 2, "UNREACHABLE": 1}
+    assert summary["hosts"] == 5
+    assert summary["re_rent"] == ["dead"]
+    assert summary["failed"] == ["dead", "full"]
+    assert summary["warned"] == ["warm"]
+    assert summary["unreachable"] == ["gone"]
+    assert summary["exit_code"] == 2
+    assert summary["status"] == "FAIL"
+    assert summary["line"] == (
+        "5 hosts: 1 PASS, 1 WARN, 2 FAIL, 1 UNREACHABLE; re-rent: dead; fix before launch: full; unreachable: gone"
+    )
+
+
+def test_fleet_summary_exit_codes_follow_the_contract():
+    results = fleet()
+    assert report.fleet_summary(results[:2])["exit_code"] == 0
+    assert report.fleet_summary(results[:2])["status"] == "WARN"
+    only_unreachable = report.fleet_summary([results[0], results[4]])
+    assert (only_unreachable["exit_code"], only_unreachable["status"]) == (4, "UNREACHABLE")
+    assert report.fleet_summary([])["line"] == "0 hosts: 0 PASS, 0 WARN, 0 FAIL"
+
+
+def test_fleet_summary_rejects_unknown_status():
+    with pytest.raises(AnsibleFilterError, match="bogus"):
+        report.fleet_summary([{"host": "x", "status": "bogus"}])
+
+
+def test_filters_are_registered():
+    assert set(report.FilterModule().filters()) == {
+        "worst_status",
+        "preflight_result",
+        "unreachable_result",
+        "fleet_results",
+        "preflight_line",
+        "fleet_summary",
+    }

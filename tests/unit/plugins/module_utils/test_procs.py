@@ -1,0 +1,159 @@
+"""Process enumeration, NVML view and reaping against real processes (a temp file stands in for /dev/nvidia0)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _procs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "zombies"))
+import harness
+
+
+@pytest.fixture
+def device(tmp_path, monkeypatch):
+    node = tmp_path / "nvidia0"
+    node.write_bytes(b"")
+    monkeypatch.setattr(_procs, "DEVICE_PATTERN", re.compile("^" + re.escape(str(node)) + "$"))
+    yield node
+    harness.stop_all()
+
+
+def test_default_pattern_matches_the_nvidia_nodes_only():
+    matching = ["/dev/nvidia0", "/dev/nvidia15", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert all(_procs.DEVICE_PATTERN.match(path) for path in matching)
+    others = ["/dev/nvidia-modeset", "/dev/nvidia", "/tmp/dev/nvidia0", "/dev/nvidia0 (deleted)", "/dev/nvidiactlx"]
+    assert not any(_procs.DEVICE_PATTERN.match(path) for path in others)
+
+
+def test_read_process_table_finds_holders_with_identity(device, tmp_path):
+    job = harness.start_job(tmp_path / "job.json", device, "--workers", "2", "--dataloaders")
+    table, stats = _procs.read_process_table()
+    holders = sorted(pid for pid, proc in table.items() if proc.devices)
+    assert holders == job["holders"]
+    worker = table[job["workers"][0]]
+    assert worker.devices == (str(device),)
+    assert (worker.ppid, worker.pgid, worker.sid) == (job["launcher"], job["pgid"], job["sid"])
+    assert worker.cmdline[1].endswith("fake_job.py") and "worker" in worker.cmdline
+    assert worker.create_time >= table[job["launcher"]].create_time
+    assert table[job["launcher"]].devices == ()
+    assert stats["processes"] == len(table) and stats["processes"] > len(holders)
+
+
+def test_unreadable_and_vanishing_processes_are_counted_not_fatal(device, tmp_path, monkeypatch):
+    job = harness.start_job(tmp_path / "job.json", device, "--workers", "2")
+    locked, gone = job["workers"]
+    real_held, real_stat = _procs._held_devices, _procs._stat_fields
+
+    def held(pid, pattern):
+        if pid == locked:
+            raise PermissionError(13, "Permission denied")
+        return real_held(pid, pattern)
+
+    def stat(pid):
+        if pid == gone:
+            raise FileNotFoundError(2, "No such file")
+        return real_stat(pid)
+
+    monkeypatch.setattr(_procs, "_held_devices", held)
+    monkeypatch.setattr(_procs, "_stat_fields", stat)
+    table, stats = _procs.read_process_table()
+    assert stats["fd_unreadable"] == 1
+    assert stats["vanished"] >= 1  # other processes on the machine may exit during the scan too
+    assert table[locked].devices == ()
+    assert gone not in table
+
+
+def test_stat_fields_survive_a_command_name_with_parentheses():
+    code = "import sys, time; open('/proc/self/comm', 'w').write('a) b (c'); print('ok', flush=True); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert child.stdout.readline() == b"ok\n"
+        pgid, sid, flags = _procs._stat_fields(child.pid)
+        assert (pgid, sid) == (child.pid, child.pid)
+        assert not flags & _procs.PF_KTHREAD
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_reap_terminates_then_kills_and_never_touches_a_reused_pid(device, tmp_path):
+    polite = harness.start_job(tmp_path / "polite.json", device, "--workers", "1")
+    stubborn = harness.start_job(tmp_path / "stubborn.json", device, "--workers", "1", "--ignore-term")
+    bystander = harness.start_job(tmp_path / "bystander.json", device, "--workers", "1")
+    table, _ = _procs.read_process_table()
+    victim_polite, victim_stubborn = table[polite["workers"][0]], table[stubborn["workers"][0]]
+    # Same PID, different birth: a reused PID must not be signalled.
+    impostor = victim_polite.__class__(**dict(vars(table[bystander["workers"][0]]), create_time=1.0))
+    result = _procs.reap([victim_polite, victim_stubborn, impostor], grace_s=0.5)
+    assert result["killed"] == [
+        {"pid": victim_polite.pid, "name": victim_polite.name, "signal": "SIGTERM"},
+        {"pid": victim_stubborn.pid, "name": victim_stubborn.name, "signal": "SIGKILL"},
+    ]
+    assert result["failed"] == []
+    assert [entry["pid"] for entry in result["skipped"]] == [impostor.pid]
+    assert "another process" in result["skipped"][0]["why"]
+    assert not harness.alive(victim_polite.pid) and not harness.alive(victim_stubborn.pid)
+    assert harness.alive(bystander["workers"][0])
+    again = _procs.reap([victim_polite], grace_s=0.1)
+    assert again["killed"] == [] and again["skipped"][0]["pid"] == victim_polite.pid
+
+
+class FakeNvml:
+    """The pynvml calls read_gpus makes, answering from fixed values."""
+
+    NVMLError = RuntimeError
+
+    def __init__(self, utilization):
+        self.utilization = list(utilization)
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return f"handle{index}"
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return SimpleNamespace(gpu=self.utilization.pop(0) if self.utilization else 0)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return SimpleNamespace(used=30720 * _procs.MIB, total=81559 * _procs.MIB)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return [SimpleNamespace(pid=2**22 + 7, usedGpuMemory=30720 * _procs.MIB)]
+
+    def nvmlDeviceGetMinorNumber(self, handle):
+        raise self.NVMLError("Function Not Found")
+
+
+def test_read_gpus_samples_utilization_and_flags_foreign_pids(monkeypatch):
+    monkeypatch.setattr(_procs, "pynvml", FakeNvml([40, 0, 0, 90]))
+    gpus, error = _procs.read_gpus(observe_s=0.25, interval_s=0.1)
+    assert error is None
+    (gpu,) = gpus
+    assert gpu.utilization_pct == (40, 0, 0)
+    assert (gpu.index, gpu.minor, gpu.memory_used_mib, gpu.memory_total_mib) == (0, None, 30720, 81559)
+    assert gpu.processes == ({"pid": 2**22 + 7, "used_memory_mib": 30720, "pid_exists_here": False},)
+    skipped, _ = _procs.read_gpus(observe_s=0)
+    assert skipped[0].utilization_pct == ()
+
+
+def test_read_gpus_without_nvml(monkeypatch):
+    monkeypatch.setattr(_procs, "pynvml", None)
+    assert _procs.read_gpus(1) == (None, "pynvml (nvidia-ml-py) is not installed")
+    failing = FakeNvml([])
+    failing.nvmlInit = lambda: (_ for _ in ()).throw(failing.NVMLError("Driver Not Loaded"))
+    monkeypatch.setattr(_procs, "pynvml", failing)
+    assert _procs.read_gpus(1) == (None, "NVML unavailable: Driver Not Loaded")

@@ -1,0 +1,54 @@
+"""Start and stop fake_job.py launchers from pytest (tests/unit import this by path)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+FAKE_JOB = Path(__file__).resolve().parent / "fake_job.py"
+STARTED: List[int] = []  # process groups this test session started, for cleanup
+
+
+def start_job(state: Path, device: Path, *options: str) -> Dict[str, Any]:
+    """Launch fake_job.py in its own session; return its state once every holder has the device open."""
+    command = [sys.executable, str(FAKE_JOB), "launch", "--device", str(device), "--state", str(state), *options]
+    launcher = subprocess.Popen(command, start_new_session=True, stdin=subprocess.DEVNULL)
+    STARTED.append(launcher.pid)
+    deadline = time.monotonic() + 20
+    while not state.exists():
+        if launcher.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"fake job did not start: {command}")
+        time.sleep(0.05)
+    job = json.loads(state.read_text())
+    job["popen"] = launcher
+    job["holders"] = sorted(job["workers"] + job["dataloaders"])
+    return job
+
+
+def kill_launcher(job: Dict[str, Any]) -> None:
+    """SIGKILL the launcher only, leaving its workers orphaned (as a crashed torchrun does)."""
+    job["popen"].kill()
+    job["popen"].wait(timeout=10)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def stop_all() -> None:
+    """Kill every process group this session started (by group id, never by name)."""
+    while STARTED:
+        pgid = STARTED.pop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
