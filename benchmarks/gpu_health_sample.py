@@ -54,7 +54,7 @@ def one_run(sim_dir: str, scenario: Path, backend: str) -> tuple:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--out", help="simulator build directory (default: a temporary one)")
     args = parser.parse_args()
     sim_dir = args.out or tempfile.mkdtemp(prefix="fakegpu-bench-")

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Parsing speed of the kernel-log Xid scanner on a synthetic log; prints lines/s.
 
 Usage: .venv/bin/python benchmarks/xid_parse.py [--lines 1000000] [--xid-fraction 0.01]
@@ -11,10 +10,16 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-import conftest  # noqa: F401  (puts the collection on sys.path)
+# Import the collection as ansible_collections.remote_gpu.trainer from .build/collections, as tests/conftest.py does.
+REPO = Path(__file__).resolve().parent.parent
+COLLECTIONS = REPO / ".build" / "collections"
+LINK = COLLECTIONS / "ansible_collections" / "remote_gpu" / "trainer"
+if not LINK.exists():
+    LINK.parent.mkdir(parents=True, exist_ok=True)
+    LINK.symlink_to(REPO, target_is_directory=True)
+sys.path.insert(0, str(COLLECTIONS))
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._xid import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._xid import (  # noqa: E402
     parse_kernel_log,
     summarize_events,
 )

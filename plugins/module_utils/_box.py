@@ -101,7 +101,7 @@ def probe_paths(paths: List[str], timeout_s: float) -> Dict[str, Dict[str, Any]]
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        ready, _, _ = select.select(list(open_fds), [], [], remaining)
+        ready, _writable, _errored = select.select(list(open_fds), [], [], remaining)
         for fd in ready:
             chunk = os.read(fd, 65536)
             if chunk:
@@ -363,7 +363,7 @@ def check_box(
 ) -> Dict[str, Any]:
     """Run every box-level check; returns ``findings`` and ``facts`` (``disk`` per label, ``memory``)."""
     labelled = [("data", data_dir)] + ([("durable", durable_dir)] if durable_dir else [])
-    probes = probe_paths(sorted({path for _, path in labelled}), probe_timeout_s)
+    probes = probe_paths(sorted({path for _label, path in labelled}), probe_timeout_s)
     findings: List[Dict[str, Any]] = []
     disk: Dict[str, Dict[str, Any]] = {}
     for label, path in labelled:

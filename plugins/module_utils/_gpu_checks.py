@@ -359,6 +359,11 @@ def _last(samples: List[Dict[str, Any]], key: str) -> Any:
     return None
 
 
+def _at_bus(gpu: Dict[str, Any]) -> str:
+    # NVML cannot read the bus id of a lost GPU; say nothing rather than "None".
+    return f" ({gpu['pci_bus_id']})" if gpu.get("pci_bus_id") else ""
+
+
 def gpu_findings(gpu: Dict[str, Any], limits: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Every per-GPU finding for one GPU of the data model."""
     if gpu.get("lost"):
@@ -366,7 +371,7 @@ def gpu_findings(gpu: Dict[str, Any], limits: Dict[str, Any]) -> List[Dict[str, 
             finding(
                 "gpu_lost",
                 "FAIL",
-                f"GPU {gpu['index']} ({gpu.get('pci_bus_id')}) is lost: the driver cannot reach it",
+                f"GPU {gpu['index']}{_at_bus(gpu)} is lost: the driver cannot reach it",
                 "re_rent",
                 gpu=gpu["index"],
                 pci_bus_id=gpu.get("pci_bus_id"),

@@ -109,11 +109,11 @@ def read_kernel_log(run: Runner, timeout_s: float, max_lines: int = DEFAULT_MAX_
     record, lines, stderr = _attempt(run, DMESG_ISO, timeout_s)
     attempts.append(record)
     if lines is None and _is_flag_rejected(record["rc"], stderr):
-        record, lines, _ = _attempt(run, DMESG_PLAIN, timeout_s)
+        record, lines, _stderr = _attempt(run, DMESG_PLAIN, timeout_s)
         attempts.append(record)
     if lines is not None:
         return {"lines": lines[-max_lines:], "source": "dmesg", "attempts": attempts}
-    record, lines, _ = _attempt(run, journalctl_argv(max_lines), timeout_s)
+    record, lines, _stderr = _attempt(run, journalctl_argv(max_lines), timeout_s)
     attempts.append(record)
     if lines is not None:
         return {"lines": lines[-max_lines:], "source": "journalctl", "attempts": attempts}

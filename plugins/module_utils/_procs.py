@@ -108,7 +108,7 @@ def read_gpus(observe_s: float, interval_s: float = 0.5) -> Tuple[Optional[List[
         return None, f"NVML unavailable: {exc}"
     try:
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        samples: List[List[int]] = [[] for _ in handles]
+        samples: List[List[int]] = [[] for _handle in handles]
         deadline = time.monotonic() + max(observe_s, 0.0)
         while observe_s > 0:
             for index, device in enumerate(handles):

@@ -53,17 +53,22 @@ options:
     default: 5
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target, if not
+      supported the action will be skipped.
     support: full
     details: The write probe runs in check mode too; it deletes its file and never reports a change.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
 notes:
   - Disk percentages follow C(df), used space over used plus the space an unprivileged user may still take.
 seealso:
   - module: remote_gpu.trainer.gpu_health
-  - role: remote_gpu.trainer.preflight
+  - ref: ansible_collections.remote_gpu.trainer.preflight_role
+    description: The C(remote_gpu.trainer.preflight) role, which runs this module with the platform profile's
+      directories.
 author:
-  - remote_gpu.trainer contributors
+  - remote_gpu.trainer contributors (@remote-gpu-trainer)
 """
 
 EXAMPLES = r"""

@@ -15,14 +15,14 @@ description:
     reads static health state (ECC, row remapper, retired pages, PCIe link, NVLink, MIG, power limit),
     and scans the kernel log for Xid errors.
   - Returns one finding per problem with a stable code, a level (WARN or FAIL), the measured values
-    and the renter's action, and an overall O(status) of PASS, WARN or FAIL.
+    and the renter's action, and an overall RV(status) of PASS, WARN or FAIL.
   - Throttling and heat are judged over the whole window, so a throttle that starts mid-window is
     caught and a single idle reading does not hide a loaded one.
   - Works inside ordinary rental containers, where NVML reports host PIDs; each process says whether
     its PID exists in this PID namespace.
   - Read-only; C(changed) is always false.
 author:
-  - remote_gpu.trainer contributors
+  - remote_gpu.trainer contributors (@remote-gpu-trainer)
 requirements:
   - An NVIDIA driver, with C(libnvidia-ml.so.1) or C(nvidia-smi).
   - The C(nvidia-ml-py) Python package for O(backend=nvml) (the preflight role bootstraps it).
@@ -102,6 +102,7 @@ attributes:
     support: full
     description: The module never changes anything; check mode runs every check.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
 notes:
   - Thresholds and finding codes follow the project's findings contract; codes are stable.

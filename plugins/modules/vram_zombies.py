@@ -38,7 +38,7 @@ description:
     never hit, sends SIGTERM, waits O(grace_s), sends SIGKILL to survivors and then verifies that the reaped
     processes no longer hold any device (and reports NVML used memory before and after).
 author:
-  - remote_gpu.trainer contributors
+  - remote_gpu.trainer contributors (@remote-gpu-trainer)
 requirements:
   - psutil
   - nvidia-ml-py (optional; without it C(nvml) is null and decisions use /proc evidence only)
@@ -82,6 +82,8 @@ options:
     type: path
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target, if not
+      supported the action will be skipped.
     support: full
     details: Nothing is signalled; C(would_kill) lists the candidates and C(changed) says whether any would be.
 notes:
@@ -122,15 +124,15 @@ holders:
     age_s: {description: Seconds since the process started., type: int}
     orphaned: {description: The parent is the namespace's init., type: bool}
     protected: {description: Never a candidate., type: bool}
-    protected_by: {description: Why it is protected, or null., type: str}
+    protected_by: {description: 'Why it is protected, or null.', type: str}
     devices: {description: Device nodes held open., type: list, elements: str}
     gpus: {description: NVML indexes of the GPUs it holds (all GPUs when it holds only control nodes)., type: list,
            elements: int}
     candidate: {description: Judged a zombie., type: bool}
-    rules: {description: Rules that convicted it (run_dead, orphaned, gpu_idle, old)., type: list, elements: str}
+    rules: {description: 'Rules that convicted it (run_dead, orphaned, gpu_idle, old).', type: list, elements: str}
     reason: {description: One line explaining the decision., type: str}
 candidates:
-  description: The holders judged zombies, same keys as O(holders); C(reason) says why.
+  description: The holders judged zombies, same keys as RV(holders); C(reason) says why.
   returned: always
   type: list
   elements: dict
@@ -261,7 +263,7 @@ def _memory_change(before: Any, after: Any) -> List[Dict[str, Any]]:
 
 def _verify(killed: List[Dict[str, Any]], victims: Dict[int, Any], failed: List[Dict[str, Any]]) -> bool:
     """Move any reaped process that still holds a device (same identity) from killed to failed."""
-    table, _ = _procs.read_process_table()
+    table, _stats = _procs.read_process_table()
     still = [
         entry
         for entry in killed
@@ -329,7 +331,7 @@ def vram_zombies(params: Dict[str, Any], patterns: List[Any], check_mode: bool) 
         result.update(outcome)
         result["changed"] = bool(outcome["killed"] or outcome["failed"])
         holders_gone = _verify(result["killed"], victims, result["failed"])
-        after, _ = _procs.read_gpus(0)
+        after, _error = _procs.read_gpus(0)
         result["verification"] = {
             "holders_gone": holders_gone,
             "memory_used_mib": _memory_change(gpus, after),

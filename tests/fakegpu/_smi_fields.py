@@ -266,7 +266,7 @@ def _ecc_error_fields() -> str:
 def _parse_units() -> Dict[str, str]:
     units = {}
     for token in _FIELD_UNITS.format(ecc_errors=_ecc_error_fields()).split():
-        name, _, unit = token.partition(":")
+        name, _sep, unit = token.partition(":")
         units[name] = unit
     for _bit, suffix, _label in EVENT_REASONS[:-1]:
         units[f"clocks_throttle_reasons.{suffix}"] = ""

@@ -137,7 +137,7 @@ def environment(out_dir: str, scenario_path: str) -> Dict[str, str]:
 
 
 def main(argv: List[str]) -> int:
-    parser = argparse.ArgumentParser(prog="build.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="build.py", description=__doc__.split("\n", maxsplit=1)[0])
     commands = parser.add_subparsers(dest="command", required=True)
     build_cmd = commands.add_parser("build", help="build the simulator into --out")
     build_cmd.add_argument("--out", required=True)

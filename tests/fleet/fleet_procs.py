@@ -126,7 +126,7 @@ def stop_ssh_clients(needle: str, timeout_s: float = 5.0) -> list[int]:
 def own_memory_cgroup() -> Path | None:
     """This process's cgroup-v1 memory cgroup directory, when the hierarchy is mounted and writable."""
     for line in _read("/proc/self/cgroup").decode().splitlines():
-        _, controllers, path = line.split(":", 2)
+        _hierarchy, controllers, path = line.split(":", 2)
         if "memory" in controllers.split(","):
             directory = MEMORY_ROOT / path.lstrip("/")
             return directory if os.access(directory, os.W_OK) else None

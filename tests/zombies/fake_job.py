@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A stand-in training job for vram_zombies tests: a launcher whose workers hold an NVIDIA device node open.
 
     fake_job.py launch --device /dev/nvidia0 --workers 2 --state /tmp/job.json [--dataloaders]

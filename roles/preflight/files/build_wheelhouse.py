@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright (c) remote_gpu.trainer contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Download wheels for a box's Python version and architecture into a wheelhouse, atomically.
@@ -20,7 +19,7 @@ import tempfile
 
 def parse_tag(tag: str) -> tuple:
     """'py3.11-x86_64' -> ('3.11', 'x86_64')."""
-    version, _, machine = tag.removeprefix("py").partition("-")
+    version, _sep, machine = tag.removeprefix("py").partition("-")
     if not version or not machine:
         raise SystemExit(f"bad wheel tag {tag!r}: expected py<major>.<minor>-<machine>")
     return version, machine

@@ -46,7 +46,7 @@ def test_env_command_prints_the_variables(sim_dir) -> None:
 
 def test_environment_for_an_absent_library_hides_nvidia_smi(sim_dir) -> None:
     env = build.environment(str(sim_dir), str(SCENARIOS / "library-absent.yml"))
-    first = env["PATH"].split(os.pathsep)[0]
+    first = env["PATH"].split(os.pathsep, maxsplit=1)[0]
     assert first == str(sim_dir / "bin-nolib")
     assert not os.path.exists(os.path.join(first, "nvidia-smi"))
     assert env["LD_LIBRARY_PATH"] == str(sim_dir / "lib-absent")

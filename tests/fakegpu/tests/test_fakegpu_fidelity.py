@@ -171,7 +171,7 @@ def test_query_log_sections_match_capture(capture: Path, sim_env, tmp_path) -> N
     for line in fake_head:
         if " : " in line:
             assert colon(line) == real_cols[label(line)], line
-    real_titles = [label(title) for title, _ in real_sections]
+    real_titles = [label(title) for title, _body in real_sections]
     cursor = 0
     for title, body in fake_sections:
         assert label(title) in real_titles[cursor:], f"section {label(title)!r} missing or out of order"

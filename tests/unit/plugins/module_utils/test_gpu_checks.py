@@ -44,7 +44,7 @@ HEALTHY = {
     "nvlinks": [{"link": 0, "active": True}],
     "mig_mode": {"current": False, "pending": False},
     "processes": [],
-    "samples": [sample() for _ in range(7)],
+    "samples": [sample() for _index in range(7)],
 }
 
 
@@ -161,6 +161,13 @@ def test_memory_occupied_counts_only_unlisted_memory():
 def test_lost_gpu_is_only_gpu_lost():
     (found,) = gpu_findings({"index": 3, "lost": True, "pci_bus_id": "00000000:3B:00.0"}, DEFAULT_THRESHOLDS)
     assert (found["code"], found["level"], found["gpu"]) == ("gpu_lost", "FAIL", 3)
+    assert "00000000:3B:00.0" in found["message"]
+
+
+def test_lost_gpu_without_bus_id_says_no_none():
+    # NVML cannot read a lost GPU's bus id.
+    (found,) = gpu_findings({"index": 1, "lost": True, "pci_bus_id": None}, DEFAULT_THRESHOLDS)
+    assert found["message"] == "GPU 1 is lost: the driver cannot reach it"
 
 
 def test_model_mismatch_is_a_regex_search():

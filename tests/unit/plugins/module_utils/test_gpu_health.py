@@ -16,7 +16,7 @@ from ansible_collections.remote_gpu.trainer.tests.unit.plugins.module_utils.test
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
 XID_79 = "[ 8121.602] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
-BOOT_LINES = ["[    0.000000] Linux version 6.1.0 (gcc 12.2.0)"]
+BOOT_LINES = ("[    0.000000] Linux version 6.1.0 (gcc 12.2.0)",)
 XID_48 = "[ 8121.602] NVRM: Xid (PCI:0000:18:00): 48, pid=1234, name=python, An uncorrectable double bit error"
 
 

@@ -124,7 +124,7 @@ def test_subprocess_runner_ok_and_failing():
 
 
 def test_subprocess_runner_timeout():
-    rc, _, err = kl.subprocess_runner([sys.executable, "-c", "import time; time.sleep(30)"], 0.5)
+    rc, _out, err = kl.subprocess_runner([sys.executable, "-c", "import time; time.sleep(30)"], 0.5)
     assert rc == kl.RC_TIMEOUT
     assert "timed out" in err
 

@@ -87,7 +87,7 @@ def test_reap_terminates_then_kills_and_never_touches_a_reused_pid(device, tmp_p
     polite = harness.start_job(tmp_path / "polite.json", device, "--workers", "1")
     stubborn = harness.start_job(tmp_path / "stubborn.json", device, "--workers", "1", "--ignore-term")
     bystander = harness.start_job(tmp_path / "bystander.json", device, "--workers", "1")
-    table, _ = _procs.read_process_table()
+    table, _stats = _procs.read_process_table()
     victim_polite, victim_stubborn = table[polite["workers"][0]], table[stubborn["workers"][0]]
     # Same PID, different birth: a reused PID must not be signalled.
     impostor = victim_polite.__class__(**dict(vars(table[bystander["workers"][0]]), create_time=1.0))
@@ -146,7 +146,7 @@ def test_read_gpus_samples_utilization_and_flags_foreign_pids(monkeypatch):
     assert gpu.utilization_pct == (40, 0, 0)
     assert (gpu.index, gpu.minor, gpu.memory_used_mib, gpu.memory_total_mib) == (0, None, 30720, 81559)
     assert gpu.processes == ({"pid": 2**22 + 7, "used_memory_mib": 30720, "pid_exists_here": False},)
-    skipped, _ = _procs.read_gpus(observe_s=0)
+    skipped, _error = _procs.read_gpus(observe_s=0)
     assert skipped[0].utilization_pct == ()
 
 
@@ -154,6 +154,6 @@ def test_read_gpus_without_nvml(monkeypatch):
     monkeypatch.setattr(_procs, "pynvml", None)
     assert _procs.read_gpus(1) == (None, "pynvml (nvidia-ml-py) is not installed")
     failing = FakeNvml([])
-    failing.nvmlInit = lambda: (_ for _ in ()).throw(failing.NVMLError("Driver Not Loaded"))
+    failing.nvmlInit = lambda: (_never for _never in ()).throw(failing.NVMLError("Driver Not Loaded"))
     monkeypatch.setattr(_procs, "pynvml", failing)
     assert _procs.read_gpus(1) == (None, "NVML unavailable: Driver Not Loaded")

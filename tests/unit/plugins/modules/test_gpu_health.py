@@ -144,7 +144,7 @@ def scenario_args(scenario: Path) -> dict:
     """Fast windows, long enough to reach the scenario's last timeline change."""
     data = yaml.safe_load(scenario.read_text()) or {}
     last_change = max([step["after_s"] for gpu in data.get("gpus") or [] for step in gpu.get("timeline") or []] or [0])
-    args = dict(FAST, sample_seconds=max(1, last_change + 1))
+    args = {**FAST, "sample_seconds": max(1, last_change + 1)}
     if scenario.stem == "old-driver":
         args["min_driver_version"] = "535.104.05"
     return args

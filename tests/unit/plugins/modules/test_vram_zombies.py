@@ -67,7 +67,7 @@ def test_report_only_lists_the_crashed_runs_holders(box, capsys):
 
 
 def test_check_mode_says_what_would_be_killed_and_kills_nothing(box, capsys):
-    _, result = result_of(capsys, dict(box["args"], kill=True), check_mode=True)
+    _code, result = result_of(capsys, dict(box["args"], kill=True), check_mode=True)
     assert result["changed"] is True
     assert result["would_kill"] == box["crashed"]["holders"]
     assert result["killed"] == [] and result["status"] == "candidates"
@@ -78,7 +78,7 @@ def test_a_corrupt_registry_refuses_to_kill_but_still_reports(box, capsys):
     torn = box["data_dir"] / "runs" / "torn" / "run.json"
     torn.parent.mkdir()
     torn.write_text('{"pgid": ')
-    _, result = result_of(capsys, dict(box["args"], kill=True))
+    _code, result = result_of(capsys, dict(box["args"], kill=True))
     assert result["changed"] is False
     assert "nothing was signalled" in result["kill_refused"] and str(torn) in result["kill_refused"]
     assert result["registry_problems"][0].startswith(str(torn))
@@ -88,7 +88,7 @@ def test_a_corrupt_registry_refuses_to_kill_but_still_reports(box, capsys):
 
 
 def test_kill_reaps_only_the_crashed_run_and_a_second_run_is_clean(box, capsys):
-    _, result = result_of(capsys, dict(box["args"], kill=True, protect_pids=[4194304 + 17]))
+    _code, result = result_of(capsys, dict(box["args"], kill=True, protect_pids=[4194304 + 17]))
     assert result["changed"] is True
     assert result["status"] == "reaped"
     assert sorted(k["pid"] for k in result["killed"]) == box["crashed"]["holders"]
@@ -97,13 +97,13 @@ def test_kill_reaps_only_the_crashed_run_and_a_second_run_is_clean(box, capsys):
     assert result["verification"]["holders_gone"] is True
     assert not any(harness.alive(pid) for pid in box["crashed"]["holders"])
     assert all(harness.alive(pid) for pid in box["live"]["holders"])
-    _, again = result_of(capsys, dict(box["args"], kill=True))
+    _code, again = result_of(capsys, dict(box["args"], kill=True))
     assert (again["changed"], again["status"], again["candidates"], again["killed"]) == (False, "clean", [], [])
     assert sorted(h["pid"] for h in again["holders"]) == box["live"]["holders"]
 
 
 def test_protect_patterns_spare_matching_processes(box, capsys):
-    _, result = result_of(capsys, dict(box["args"], protect_patterns=["fake_job[.]py worker"]))
+    _code, result = result_of(capsys, dict(box["args"], protect_patterns=["fake_job[.]py worker"]))
     assert result["candidates"] == [] and result["status"] == "clean"
 
 
