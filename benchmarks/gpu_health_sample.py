@@ -20,7 +20,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "fakegpu"))
+sys.path.insert(0, str(REPO / "tests"))
 from build import environment  # noqa: E402
+from collection_path import collection_root  # noqa: E402
 
 MODULE = "ansible_collections.remote_gpu.trainer.plugins.modules.gpu_health"
 SCENARIOS = {
@@ -29,17 +31,8 @@ SCENARIOS = {
 }
 
 
-def collection_path() -> Path:
-    root = REPO / ".build" / "collections"
-    link = root / "ansible_collections" / "remote_gpu" / "trainer"
-    if not link.exists():
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(REPO, target_is_directory=True)
-    return root
-
-
 def one_run(sim_dir: str, scenario: Path, backend: str) -> tuple:
-    env = dict(os.environ, PYTHONPATH=str(collection_path()))
+    env = dict(os.environ, PYTHONPATH=str(collection_root()))
     env.update(environment(sim_dir, str(scenario)))
     payload = json.dumps({"ANSIBLE_MODULE_ARGS": {"backend": backend, "sample_seconds": 3}})
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -10,14 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-# Import the collection as ansible_collections.remote_gpu.trainer from .build/collections, as tests/conftest.py does.
 REPO = Path(__file__).resolve().parent.parent
-COLLECTIONS = REPO / ".build" / "collections"
-LINK = COLLECTIONS / "ansible_collections" / "remote_gpu" / "trainer"
-if not LINK.exists():
-    LINK.parent.mkdir(parents=True, exist_ok=True)
-    LINK.symlink_to(REPO, target_is_directory=True)
-sys.path.insert(0, str(COLLECTIONS))
+sys.path.insert(0, str(REPO / "tests"))
+from collection_path import collection_root  # noqa: E402
+
+sys.path.insert(0, str(collection_root()))
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._xid import (  # noqa: E402
     parse_kernel_log,

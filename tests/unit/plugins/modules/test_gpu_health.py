@@ -13,7 +13,7 @@ import yaml
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.remote_gpu.trainer.plugins.modules import gpu_health
-from ansible_collections.remote_gpu.trainer.tests.conftest import REPO
+from ansible_collections.remote_gpu.trainer.tests.testpaths import REPO
 
 sys.path.insert(0, str(REPO / "tests" / "fakegpu"))
 from build import environment

@@ -74,15 +74,19 @@ def test_check_mode_says_what_would_be_killed_and_kills_nothing(box, capsys):
     assert all(harness.alive(pid) for pid in box["crashed"]["holders"])
 
 
-def test_a_corrupt_registry_refuses_to_kill_but_still_reports(box, capsys):
+def test_a_corrupt_registry_refuses_to_kill_but_still_reports(box, capsys, monkeypatch):
     torn = box["data_dir"] / "runs" / "torn" / "run.json"
     torn.parent.mkdir()
     torn.write_text('{"pgid": ')
+    # Where ansible-core delivers module warnings depends on what the process imported before (controller code
+    # routes them to its display), so watch the module's own warn() calls.
+    warned = []
+    monkeypatch.setattr(vram_zombies.AnsibleModule, "warn", lambda _module, text: warned.append(text))
     _code, result = result_of(capsys, dict(box["args"], kill=True))
     assert result["changed"] is False
     assert "nothing was signalled" in result["kill_refused"] and str(torn) in result["kill_refused"]
     assert result["registry_problems"][0].startswith(str(torn))
-    assert str(torn) in json.dumps(result["warnings"])  # the warning shape differs across ansible-core versions
+    assert any(str(torn) in text for text in warned)
     assert sorted(c["pid"] for c in result["candidates"]) == box["crashed"]["holders"]
     assert all(harness.alive(pid) for pid in box["crashed"]["holders"])
 
