@@ -90,10 +90,10 @@ simulator-tests: venv collection simulator
 fleet-tests: venv collection simulator
 	$(BIN)/pytest -q tests/fleet/tests
 
-# Every Molecule scenario under extensions/molecule (shared/ holds their common playbooks).
+# Every Molecule scenario under extensions/molecule (shared/ holds their common playbooks, default/ is a stub).
 molecule: venv collection simulator
 	@for dir in extensions/molecule/*/; do \
-	  scenario=$$(basename "$$dir"); [ "$$scenario" = shared ] && continue; \
+	  scenario=$$(basename "$$dir"); case "$$scenario" in shared|default) continue;; esac; \
 	  [ -f "$$dir/molecule.yml" ] || continue; \
 	  echo "== molecule test -s $$scenario"; \
 	  (cd extensions && molecule test -s "$$scenario") || exit 1; \
