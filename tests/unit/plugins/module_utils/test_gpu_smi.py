@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _gpu_smi as smi
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _smi_parse as parse
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_checks import (
     NOT_SUPPORTED,
+    normalize_bus_id,
     reason_names,
 )
 from ansible_collections.remote_gpu.trainer.tests.testpaths import CAPTURES
@@ -35,7 +37,7 @@ def test_captures_are_present():
 @pytest.mark.parametrize("capture", Q_FULL, ids=lambda p: p.stem)
 def test_q_full_parses_every_capture(capture):
     text = capture.read_text()
-    parsed = smi.parse_q(text)
+    parsed = parse.parse_q(text)
     assert parsed["driver_version"] and re.match(r"^\d+\.\d+", parsed["driver_version"])
     assert parsed["cuda_version"] and re.match(r"^\d+\.\d+$", parsed["cuda_version"])
     assert len(parsed["gpus"]) == parsed["attached_gpus"] == len(re.findall(r"^GPU [0-9A-F]{8}:", text, re.M))
@@ -58,7 +60,7 @@ def test_q_full_parses_every_capture(capture):
 
 
 def _q(name: str) -> dict:
-    return smi.parse_q((CAPTURES / "q_full" / name).read_text())
+    return parse.parse_q((CAPTURES / "q_full" / name).read_text())
 
 
 def test_h100_535_161_has_hw_slowdown_and_power_brake_on_all_gpus():
@@ -112,13 +114,13 @@ def test_mig_capture_and_compute_processes_only():
 
 @pytest.mark.parametrize("capture", QUERY_CSV, ids=lambda p: p.stem)
 def test_query_csv_parses_every_capture(capture):
-    rows = smi.parse_query_csv(capture.read_text())
+    rows = parse.parse_query_csv(capture.read_text())
     assert len(rows) >= 1
     names = _list_l_names(capture)
     if names is not None:
         assert [row["name"] for row in rows] == names
     for row in rows:
-        sample = smi.sample_from_row(row)
+        sample = parse.sample_from_row(row)
         assert 0 <= sample["memory_used_mib"] <= 100_000
         if "temperature.gpu" not in row:  # the exporter's short field list
             assert sample["temperature_c"] is None and row["driver_version"] == "466.63"
@@ -133,25 +135,25 @@ def test_query_csv_parses_every_capture(capture):
                 if row.get(f"clocks_event_reasons.{name}") == "Active"
             }
         if "index" in row:
-            assert smi.integer(row["index"]) == rows.index(row)
-            assert smi.normalize_bus_id(row["pci.bus_id"]) == row["pci.bus_id"]
+            assert parse.integer(row["index"]) == rows.index(row)
+            assert normalize_bus_id(row["pci.bus_id"]) == row["pci.bus_id"]
 
 
 def test_query_csv_placeholders_read_as_none():
-    (row,) = smi.parse_query_csv(
+    (row,) = parse.parse_query_csv(
         (CAPTURES / "query_csv" / "netdata__tesla-p100-pcie-16gb__csv-nounits.txt").read_text()
     )
-    assert row["fan.speed"] == "[N/A]" and smi.number(row["fan.speed"]) is None
-    assert smi.number(row["power.draw"]) == 28.16
+    assert row["fan.speed"] == "[N/A]" and parse.number(row["fan.speed"]) is None
+    assert parse.number(row["power.draw"]) == 28.16
     for text in ("[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", "Requested functionality has been deprecated"):
-        assert smi.clean(text) is None
-    assert smi.clean("[GPU is lost]") == smi.LOST
+        assert parse.clean(text) is None
+    assert parse.clean("[GPU is lost]") == parse.LOST
 
 
 @pytest.mark.parametrize("capture", COMPUTE_APPS, ids=lambda p: p.stem)
 def test_compute_apps_captures(capture):
     text = capture.read_text()
-    by_bus = smi.parse_compute_apps(text, fields=None)
+    by_bus = parse.parse_compute_apps(text, fields=None)
     rows = [line for line in text.splitlines()[1:] if line.strip()]
     assert sum(len(procs) for procs in by_bus.values()) == len(rows)
     for bus_id, procs in by_bus.items():
@@ -165,9 +167,9 @@ def test_nvlink_status_and_lost_handles():
         "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-aaaa)\n\t Link 0: 26.562 GB/s\n\t Link 1: <inactive>\n"
         "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-bbbb)\n"
     )
-    assert smi.parse_nvlink_status(text) == {0: [{"link": 0, "active": True}, {"link": 1, "active": False}], 1: []}
+    assert parse.parse_nvlink_status(text) == {0: [{"link": 0, "active": True}, {"link": 1, "active": False}], 1: []}
     err = "Unable to determine the device handle for GPU0000:18:00.0: Unknown Error\n"
-    assert smi.lost_bus_ids(err) == ["00000000:18:00.0"]
+    assert parse.lost_bus_ids(err) == ["00000000:18:00.0"]
 
 
 class ScriptedRunner:
@@ -185,7 +187,7 @@ class ScriptedRunner:
 
 
 Q_TEXT = (CAPTURES / "q_full" / "gpud__8x-h100-80gb-hbm3__535.161.08.txt").read_text()
-BUS_IDS = [gpu["pci_bus_id"] for gpu in smi.parse_q(Q_TEXT)["gpus"]]
+BUS_IDS = [gpu["pci_bus_id"] for gpu in parse.parse_q(Q_TEXT)["gpus"]]
 
 
 def _rows(indexes, reasons="0x0000000000000000", lost_line=""):

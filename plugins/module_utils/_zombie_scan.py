@@ -1,0 +1,146 @@
+# Copyright (c) remote_gpu.trainer contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One vram_zombies pass: read the box, decide, and (when asked and safe) reap and verify."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict
+from typing import Any, Dict, List
+
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _procs
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._vram_zombies import (
+    Policy,
+    Verdict,
+    decide,
+    read_run_registry,
+    run_is_live,
+)
+
+
+def _holder_entry(verdict: Verdict, now: float) -> Dict[str, Any]:
+    proc = verdict.proc
+    return {
+        "pid": proc.pid,
+        "ppid": proc.ppid,
+        "pgid": proc.pgid,
+        "sid": proc.sid,
+        "name": proc.name,
+        "cmdline": proc.command,
+        "age_s": int(now - proc.create_time),
+        "orphaned": verdict.orphaned,
+        "protected": verdict.protected_by is not None,
+        "protected_by": verdict.protected_by,
+        "devices": list(proc.devices),
+        "gpus": verdict.gpus,
+        "candidate": verdict.candidate,
+        "rules": verdict.rules,
+        "reason": verdict.reason,
+    }
+
+
+def _memory_used(gpus: Any) -> Dict[int, Any]:
+    return {gpu.index: gpu.memory_used_mib for gpu in gpus or []}
+
+
+def _memory_change(before: Any, after: Any) -> List[Dict[str, Any]]:
+    used_after = _memory_used(after)
+    return [
+        {"index": index, "before_mib": used, "after_mib": used_after.get(index)}
+        for index, used in _memory_used(before).items()
+    ]
+
+
+def _verify(killed: List[Dict[str, Any]], victims: Dict[int, Any], failed: List[Dict[str, Any]]) -> bool:
+    """Move any reaped process that still holds a device (same identity) from killed to failed."""
+    table, _stats = _procs.read_process_table()
+    still = [
+        entry
+        for entry in killed
+        if entry["pid"] in table
+        and table[entry["pid"]].devices
+        and table[entry["pid"]].create_time == victims[entry["pid"]].create_time
+    ]
+    for entry in still:
+        killed.remove(entry)
+        failed.append({"pid": entry["pid"], "name": entry["name"], "error": "still holds a device after the signal"})
+    return not still
+
+
+def scan_and_reap(params: Dict[str, Any], patterns: List[Any], check_mode: bool) -> Dict[str, Any]:
+    table, scan = _procs.read_process_table()
+    runs, problems = read_run_registry(params["data_dir"])
+    gpus, nvml_error = _procs.read_gpus(params["observe_s"])
+    now = time.time()
+    policy = Policy(
+        now=now,
+        self_pid=os.getpid(),
+        self_uid=os.getuid(),
+        min_age_s=params["min_age_s"],
+        idle_util_pct=params["idle_util_pct"],
+        protect_pids=params["protect_pids"],
+        protect_patterns=patterns,
+        all_users=params["all_users"],
+    )
+    holders = [proc for proc in table.values() if proc.devices]
+    verdicts = decide(sorted(holders, key=lambda p: p.pid), table, runs, gpus or [], policy)
+    entries = [_holder_entry(verdict, now) for verdict in verdicts]
+    candidates = [entry for entry in entries if entry["candidate"]]
+    victims = {verdict.proc.pid: verdict.proc for verdict in verdicts if verdict.candidate}
+    result: Dict[str, Any] = {
+        "changed": False,
+        "holders": entries,
+        "candidates": candidates,
+        "would_kill": [],
+        "killed": [],
+        "failed": [],
+        "skipped": [],
+        "kill_refused": None,
+        "verification": None,
+        "nvml": [asdict(gpu) for gpu in gpus] if gpus is not None else None,
+        "nvml_error": nvml_error,
+        "runs": [
+            {"run": run.name, "path": run.path, "pgid": run.pgid, "sid": run.sid, "live": run_is_live(run, table)}
+            for run in runs
+        ],
+        "registry_problems": problems,
+        "scan": scan,
+        "status": "candidates" if candidates else "clean",
+    }
+    if params["kill"] and victims:
+        if problems:
+            result["kill_refused"] = (
+                "the run registry could not be read, so live runs cannot be told from zombies: nothing was signalled. "
+                "Fix or remove: " + "; ".join(problems)
+            )
+        else:
+            result["would_kill"] = sorted(victims)
+            result["changed"] = True
+    if result["would_kill"] and not check_mode:
+        outcome = _procs.reap([victims[pid] for pid in result["would_kill"]], params["grace_s"])
+        result.update(outcome)
+        result["changed"] = bool(outcome["killed"] or outcome["failed"])
+        holders_gone = _verify(result["killed"], victims, result["failed"])
+        after, _error = _procs.read_gpus(0)
+        result["verification"] = {
+            "holders_gone": holders_gone,
+            "memory_used_mib": _memory_change(gpus, after),
+        }
+        result["status"] = "partial" if result["failed"] else "reaped"
+    if result["status"] in ("candidates", "partial"):
+        remaining = [entry for entry in candidates if entry["pid"] not in {k["pid"] for k in result["killed"]}]
+        listed = ", ".join(f"pid {entry['pid']} ({entry['name']}: {entry['reason']})" for entry in remaining[:5])
+        result["findings"] = [
+            finding(
+                "vram_zombies",
+                "WARN",
+                f"{len(remaining)} process(es) hold an NVIDIA device after their job died: {listed}",
+                "reap_zombies",
+                pids=[entry["pid"] for entry in remaining],
+            )
+        ]
+    else:
+        result["findings"] = []
+    return result
