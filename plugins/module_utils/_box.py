@@ -9,15 +9,11 @@ Every filesystem probe runs in a forked child with a deadline: a dead network mo
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import json
+import functools
 import os
-import select
-import signal
-import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._deadline import run_with_deadline
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding
 
 MIB = 1024 * 1024
@@ -75,70 +71,16 @@ def _pct(part: int, whole: int) -> float:
 
 def probe_paths(paths: List[str], timeout_s: float) -> Dict[str, Dict[str, Any]]:
     """Probe every path in its own forked child, all under one deadline; a child that misses it is killed."""
-    children: Dict[int, Tuple[str, int]] = {}
+    answers = run_with_deadline({path: functools.partial(probe_path, path) for path in paths}, timeout_s)
     results: Dict[str, Dict[str, Any]] = {}
-    for path in paths:
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # child: probe, write one JSON document, exit without running the parent's cleanup
-            os.close(read_fd)
-            code = 0
-            try:
-                payload = json.dumps(probe_path(path))
-            except Exception as exc:  # the parent must get an answer whatever went wrong
-                payload = json.dumps({"path": path, "probe_error": str(exc)})
-                code = 1
-            try:
-                os.write(write_fd, payload.encode())
-            finally:
-                os._exit(code)
-        os.close(write_fd)
-        children[read_fd] = (path, pid)
-    buffers: Dict[int, bytes] = dict.fromkeys(children, b"")
-    deadline = time.monotonic() + timeout_s
-    open_fds = set(children)
-    while open_fds:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        ready, _writable, _errored = select.select(list(open_fds), [], [], remaining)
-        for fd in ready:
-            chunk = os.read(fd, 65536)
-            if chunk:
-                buffers[fd] += chunk
-            else:
-                open_fds.discard(fd)
-    for fd, (path, pid) in children.items():
-        if fd in open_fds:
+    for path, answer in answers.items():
+        if answer.get("timed_out"):
             results[path] = {"path": path, "timed_out": True}
-            _kill_quietly(pid)
+        elif "error" in answer:
+            results[path] = {"path": path, "probe_error": answer["error"]}
         else:
-            results[path] = _decode(path, buffers[fd])
-            _reap(pid, block=True)
-        os.close(fd)
+            results[path] = answer["value"]
     return results
-
-
-def _decode(path: str, raw: bytes) -> Dict[str, Any]:
-    try:
-        return json.loads(raw.decode())
-    except ValueError:
-        return {"path": path, "probe_error": "probe child exited without an answer"}
-
-
-def _kill_quietly(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError as exc:
-        if exc.errno != errno.ESRCH:
-            raise
-    # A child stuck in an uninterruptible mount wait may not die at once; never block on it.
-    _reap(pid, block=False)
-
-
-def _reap(pid: int, block: bool) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0 if block else os.WNOHANG)
 
 
 def disk_findings(

@@ -18,6 +18,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_links import link_findings
 
 NOT_SUPPORTED = "not_supported"
 
@@ -47,9 +48,8 @@ DEFAULT_THRESHOLDS: Dict[str, Any] = {
     "min_driver_version": None,
     "min_cuda_version": None,
     "allow_mig": False,
+    "expected_nvlinks": None,
 }
-
-_BUS_ID = re.compile(r"([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})(?:\.([0-7]))?")
 
 
 def reason_names(mask: Optional[int]) -> List[str]:
@@ -65,17 +65,6 @@ def reason_mask(names: List[str]) -> int:
     for name in names:
         mask |= bits.get(name, 0)
     return mask
-
-
-def normalize_bus_id(text: Optional[str]) -> Optional[str]:
-    """``0000:18:00.0`` / ``00000000:18:00.0`` / ``PCI:0000:18:00`` -> ``00000000:18:00.0``."""
-    if not text:
-        return None
-    match = _BUS_ID.search(text)
-    if not match:
-        return None
-    domain, bus, device, function = match.groups()
-    return f"{int(domain, 16):08X}:{int(bus, 16):02X}:{int(device, 16):02X}.{function or '0'}"
 
 
 def version_tuple(text: Any) -> Optional[Tuple[int, ...]]:
@@ -239,38 +228,6 @@ def _memory_health_findings(gpu: Dict[str, Any]) -> List[Dict[str, Any]]:
     return found
 
 
-def _link_findings(gpu: Dict[str, Any]) -> List[Dict[str, Any]]:
-    index, found = gpu["index"], []
-    pcie = gpu.get("pcie") or {}
-    width, width_max = pcie.get("width"), pcie.get("width_max")
-    # Generation drops at idle to save power; a narrower link is a seating or riser fault.
-    if width and width_max and width < width_max:
-        found.append(
-            finding(
-                "pcie_degraded",
-                "WARN",
-                f"GPU {index} PCIe link x{width} below its maximum x{width_max}",
-                "investigate",
-                gpu=index,
-                width=width,
-                width_max=width_max,
-            )
-        )
-    down = [link["link"] for link in gpu.get("nvlinks") or [] if not link.get("active")]
-    if down:
-        found.append(
-            finding(
-                "nvlink_down",
-                "FAIL",
-                f"GPU {index} NVLink(s) {', '.join(str(n) for n in down)} reported but not active",
-                "re_rent",
-                gpu=index,
-                links=down,
-            )
-        )
-    return found
-
-
 def _power_findings(gpu: Dict[str, Any], limits: Dict[str, Any]) -> List[Dict[str, Any]]:
     limit, default = gpu.get("power_limit_w"), gpu.get("power_default_limit_w")
     pct = limits["power_cap_pct"]
@@ -310,7 +267,9 @@ def _mig_findings(gpu: Dict[str, Any], limits: Dict[str, Any]) -> List[Dict[str,
 def _occupancy_findings(gpu: Dict[str, Any], limits: Dict[str, Any]) -> List[Dict[str, Any]]:
     index, found = gpu["index"], []
     processes = gpu.get("processes") or []
-    listed_mib = sum(p.get("used_memory_mib") or 0 for p in processes)
+    listed_mib = sum(p["used_memory_mib"] for p in processes if p.get("used_memory_mib") is not None)
+    # "[N/A]" per process (Windows WDDM, some drivers): unknown, never 0 MiB.
+    unknown = [p["pid"] for p in processes if p.get("used_memory_mib") is None]
     if processes:
         visible = [p["pid"] for p in processes if p.get("visible")]
         hidden = [p["pid"] for p in processes if not p.get("visible")]
@@ -321,22 +280,25 @@ def _occupancy_findings(gpu: Dict[str, Any], limits: Dict[str, Any]) -> List[Dic
             # NVML reports host PIDs: inside a container our own processes show up this way too.
             pids = ", ".join(map(str, hidden))
             parts.append(f"not in this PID namespace (host PIDs: this container's or another's): pid {pids}")
+        holding = f"holding {listed_mib} MiB" if not unknown else "holding memory"
+        if unknown:
+            holding += f" ({listed_mib} MiB known; per-process memory unknown for pid {', '.join(map(str, unknown))})"
         found.append(
             finding(
                 "foreign_processes",
                 "WARN",
-                f"GPU {index} already has {len(processes)} compute process(es) holding {listed_mib} MiB; "
-                + "; ".join(parts),
+                f"GPU {index} already has {len(processes)} compute process(es) {holding}; " + "; ".join(parts),
                 "reap_zombies" if visible else "investigate",
                 gpu=index,
                 pids=[p["pid"] for p in processes],
                 visible_pids=visible,
-                used_memory_mib=listed_mib,
+                used_memory_mib=None if unknown else listed_mib,
             )
         )
     used = _last(gpu.get("samples") or [], "memory_used_mib")
     threshold = limits["occupied_mib_threshold"]
-    if used is not None and used - listed_mib > threshold:
+    # With a holder's memory unknown, nothing says how much no listed process holds.
+    if used is not None and not unknown and used - listed_mib > threshold:
         found.append(
             finding(
                 "memory_occupied",
@@ -393,7 +355,7 @@ def gpu_findings(gpu: Dict[str, Any], limits: Dict[str, Any]) -> List[Dict[str, 
     found += _throttle_findings(gpu)
     found += _thermal_findings(gpu, limits)
     found += _memory_health_findings(gpu)
-    found += _link_findings(gpu)
+    found += link_findings(gpu, limits)
     found += _power_findings(gpu, limits)
     found += _mig_findings(gpu, limits)
     found += _occupancy_findings(gpu, limits)
@@ -439,7 +401,22 @@ def box_findings(
         ("driver", driver_version, limits.get("min_driver_version")),
         ("CUDA driver", cuda_version, limits.get("min_cuda_version")),
     ):
-        if want and compare_versions(have, want) == -1:
+        if not want:
+            continue
+        order = compare_versions(have, want)
+        if order is None and gpus:  # a requirement that could not be checked is not a pass
+            found.append(
+                finding(
+                    "version_unknown",
+                    "WARN",
+                    f"{label} version {have!r} cannot be read, so the required {want} is not checked",
+                    "investigate",
+                    component=label,
+                    version=have,
+                    required=want,
+                )
+            )
+        elif order == -1:
             found.append(
                 finding(
                     "driver_too_old",

@@ -31,6 +31,8 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_nvml impor
     NvmlNoDriver,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_smi import SmiBackend, SmiError, SmiNoDriver
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._pci import bus_key, normalize_bus_id, same_gpu
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._xid_findings import xid_findings
 
 BACKENDS = ("auto", "nvml", "nvidia-smi")
 DEFAULT_OPTIONS: Dict[str, Any] = dict(
@@ -48,23 +50,30 @@ DEFAULT_OPTIONS: Dict[str, Any] = dict(
 )
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+# Ten years is the whole log of any box; longer durations overflow datetime arithmetic.
+MAX_SINCE_DAYS = 3650
 
 
 def parse_since(value: Optional[str], now: datetime) -> Optional[datetime]:
     """``xid_since``: ``boot`` -> None (the whole log), ``24h``/``30m``/``7d`` -> now minus that,
     or an ISO-8601 time (UTC when it has no offset). Raises ValueError otherwise."""
+    invalid = ValueError(
+        f"xid_since must be 'boot', a duration of at most {MAX_SINCE_DAYS}d like 24h / 30m / 7d,"
+        f" or an ISO-8601 time, not {value!r}"
+    )
     text = (value or "boot").strip()
     if text.lower() == "boot":
         return None
     duration = _DURATION.match(text)
     if duration:
-        return now - timedelta(seconds=float(duration.group(1)) * _UNIT_SECONDS[duration.group(2).lower()])
+        seconds = float(duration.group(1)) * _UNIT_SECONDS[duration.group(2).lower()]
+        if seconds > MAX_SINCE_DAYS * 86400:  # also inf, from a few hundred digits
+            raise invalid
+        return now - timedelta(seconds=seconds)
     try:
         moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
     except ValueError:
-        raise ValueError(
-            f"xid_since must be 'boot', a duration like 24h / 30m / 7d, or an ISO-8601 time, not {value!r}"
-        ) from None
+        raise invalid from None
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
@@ -159,18 +168,56 @@ def _public_gpu(gpu: Dict[str, Any]) -> Dict[str, Any]:
     return public
 
 
-def _kernel_log_findings(
-    options: Dict[str, Any], run: Runner, gpus: List[Dict[str, Any]], now: datetime
-) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+def _read_kernel_log(
+    options: Dict[str, Any], run: Runner
+) -> Tuple[Dict[str, Any], Optional[List[Dict[str, Any]]], Optional[Dict[str, Any]]]:
+    """(summary, parsed events or None, the kernel_log_unreadable finding or None)."""
     log = _kernel_log.read_kernel_log(run, options["kernel_log_timeout_s"])
     summary = {"source": log.get("source"), "readable": log.get("lines") is not None}
     unreadable = _kernel_log.kernel_log_finding(log)
-    if unreadable is not None:
-        return summary, [unreadable]
-    events = _xid.parse_kernel_log(log["lines"])
-    bus_ids = {gpu["index"]: gpu["pci_bus_id"] for gpu in gpus if gpu.get("pci_bus_id")}
+    return summary, (None if unreadable is not None else _xid.parse_kernel_log(log["lines"])), unreadable
+
+
+def _name_lost_gpus(backend: Any, gpus: List[Dict[str, Any]], events: List[Dict[str, Any]]) -> None:
+    """Give a lost GPU whose bus id NVML could not read the kernel log's address that NVML says is its own.
+
+    Only NVML leaves a lost GPU unnamed (nvidia-smi names it in its error line). NVML numbers GPUs in
+    PCI bus order, so a claimed address belongs to the one unnamed GPU its named neighbours bracket.
+    """
+    if not isinstance(backend, NvmlBackend) or all(gpu.get("pci_bus_id") for gpu in gpus):
+        return
+    addresses = {normalize_bus_id(event["pci"]) for event in events} - {None}
+    addresses = {a for a in addresses if not any(same_gpu(a, gpu.get("pci_bus_id")) for gpu in gpus)}
+    for bus_id in sorted(backend.claim(sorted(addresses)), key=bus_key):
+        key = bus_key(bus_id)
+        fits = []
+        for position, gpu in enumerate(gpus):
+            before = [bus_key(g["pci_bus_id"]) for g in gpus[:position] if g.get("pci_bus_id")]
+            after = [bus_key(g["pci_bus_id"]) for g in gpus[position + 1 :] if g.get("pci_bus_id")]
+            if not gpu.get("pci_bus_id") and all(k < key for k in before) and all(key < k for k in after):
+                fits.append(gpu)
+        if len(fits) == 1:
+            fits[0]["pci_bus_id"] = bus_id
+
+
+def _addresses_complete(gpus: Optional[List[Dict[str, Any]]], expected: Optional[int]) -> bool:
+    """Whether the box's GPU addresses are all known, so an Xid elsewhere is another GPU of the host.
+
+    Not when a GPU is unnamed, or fewer GPUs than expected are listed (a GPU that fell off the bus may
+    have vanished from the driver's list), or none at all.
+    """
+    if not gpus or not all(gpu.get("pci_bus_id") for gpu in gpus):
+        return False
+    return expected is None or len(gpus) >= expected
+
+
+def _xid_findings(
+    options: Dict[str, Any], events: List[Dict[str, Any]], gpus: Optional[List[Dict[str, Any]]], now: datetime
+) -> List[Dict[str, Any]]:
+    bus_ids = {gpu["index"]: gpu["pci_bus_id"] for gpu in gpus or [] if gpu.get("pci_bus_id")}
     since = parse_since(options["xid_since"], now)
-    return summary, _xid.xid_findings(events, bus_ids, since=since, boot_time=_kernel_log.boot_time())
+    complete = _addresses_complete(gpus, options["expected_gpu_count"])
+    return xid_findings(events, bus_ids, since=since, boot_time=_kernel_log.boot_time(), complete=complete)
 
 
 def _without_duplicate_losses(xid_found: List[Dict[str, Any]], gpus: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -214,6 +261,8 @@ def check_gpu_health(
     all_gpus: Optional[List[Dict[str, Any]]] = None
     requested = opts["gpus"] or None
 
+    # Read first: naming a lost GPU needs the log's addresses while NVML is still open.
+    result["kernel_log"], events, unreadable = _read_kernel_log(opts, run)
     backend, no_driver, backend_name = _open_backend(opts["backend"], run, nvml, opts["command_timeout_s"])
     result["backend"] = backend_name
     if backend is None:
@@ -239,6 +288,7 @@ def check_gpu_health(
                 gpu["processes"] = [
                     dict(proc, visible=bool(is_visible(proc["pid"]))) for proc in processes.get(gpu["index"], [])
                 ]
+            _name_lost_gpus(backend, all_gpus, events or [])
         except SmiError as exc:
             findings.append(
                 finding("gpu_query_failed", "WARN", f"reading the GPUs failed part-way: {exc}", "investigate")
@@ -252,8 +302,11 @@ def check_gpu_health(
             findings += gpu_findings(gpu, opts)
         result["gpus"] = [_public_gpu(gpu) for gpu in selected]
 
-    result["kernel_log"], xid_found = _kernel_log_findings(opts, run, all_gpus or [], now)
-    xid_found = [f for f in xid_found if requested is None or f.get("gpu") is None or f["gpu"] in requested]
-    findings += _without_duplicate_losses(xid_found, all_gpus or [])
+    if unreadable is not None:
+        findings.append(unreadable)
+    else:
+        xid_found = _xid_findings(opts, events or [], all_gpus, now)
+        xid_found = [f for f in xid_found if requested is None or f.get("gpu") is None or f["gpu"] in requested]
+        findings += _without_duplicate_losses(xid_found, all_gpus or [])
     result.update(findings=findings, status=status_of(findings), sample_seconds=opts["sample_seconds"])
     return result

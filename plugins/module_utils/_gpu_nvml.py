@@ -13,11 +13,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Dict, List, Optional
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_checks import (
-    NOT_SUPPORTED,
-    cuda_version_text,
-    normalize_bus_id,
-)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_checks import NOT_SUPPORTED, cuda_version_text
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._pci import normalize_bus_id
 
 _MIB = 1024 * 1024
 _NA = object()  # a reading NVML could not give
@@ -252,6 +249,18 @@ class NvmlBackend:
                 for proc in (listed if _ok(listed) else [])
             ]
         return found
+
+    def claim(self, bus_ids: List[str]) -> List[str]:
+        """The bus ids NVML says are this box's GPUs: it answers GPU_IS_LOST for a lost one, NOT_FOUND elsewhere."""
+        mine = []
+        for bus_id in bus_ids:
+            try:
+                found = _ok(self._call("nvmlDeviceGetHandleByPciBusId", bus_id.encode()))
+            except _GpuLost:
+                found = True
+            if found:
+                mine.append(bus_id)
+        return mine
 
     def lost_indexes(self) -> List[int]:
         return sorted(index for index, lost in self._lost.items() if lost)

@@ -8,7 +8,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._command import RC_NOT_FOUND, RC_TIMEOUT, Runner
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_checks import normalize_bus_id
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._pci import normalize_bus_id
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._smi_parse import (
     APPS_FIELDS,
     OLD_FIELD_NAMES,
@@ -64,7 +64,7 @@ class SmiBackend:
     def open(self) -> None:
         rc, text = self._smi("-q")
         self._static = parse_q(text)
-        if rc != 0 and not self._static["gpus"] and "no devices were found" not in text.lower():
+        if rc != 0 and not self._static["gpus"] and not _no_devices(text):
             raise SmiError(f"nvidia-smi -q exited {rc}: {_first_line(text)}")
 
     def close(self) -> None:
@@ -81,7 +81,7 @@ class SmiBackend:
                 self._fields = tuple(OLD_FIELD_NAMES.get(field, field) for field in SAMPLE_FIELDS)
                 continue
             rows = parse_query_csv(text, self._fields)
-            if rc != 0 and not rows and not lost_bus_ids(text) and "no devices were found" not in text.lower():
+            if rc != 0 and not rows and not lost_bus_ids(text) and not _no_devices(text):
                 raise SmiError(f"nvidia-smi --query-gpu exited {rc}: {_first_line(text)}")
             return rows, lost_bus_ids(text)
         raise SmiError("nvidia-smi rejects the clocks event reasons field under both its names")
@@ -150,12 +150,17 @@ class SmiBackend:
     def processes(self) -> Dict[int, List[Dict[str, Any]]]:
         rc, text = self._smi("--query-compute-apps=" + ",".join(APPS_FIELDS), "--format=csv,noheader,nounits")
         by_bus = parse_compute_apps(text)
-        if rc != 0 and not by_bus and not lost_bus_ids(text):
+        if rc != 0 and not by_bus and not lost_bus_ids(text) and not _no_devices(text):
             raise SmiError(f"nvidia-smi --query-compute-apps exited {rc}: {_first_line(text)}")
         return {index: by_bus.get(bus_id, []) for bus_id, index in self._index_by_bus.items() if not self._lost[index]}
 
     def lost_indexes(self) -> List[int]:
         return sorted(index for index, lost in self._lost.items() if lost)
+
+
+def _no_devices(text: str) -> bool:
+    """A box with no GPU: every nvidia-smi query says so (exit 6); that is gpu_count_mismatch, not a failure."""
+    return "no devices were found" in text.lower()
 
 
 def _first_line(text: str) -> str:

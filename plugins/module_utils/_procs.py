@@ -155,12 +155,18 @@ def _gpu_view(index: int, device: Any, samples: List[int]) -> Gpu:
     )
 
 
+CREATE_TIME_TOLERANCE_S = 0.01  # psutil derives create time from boot time and clock ticks: tiny jitter
+
+
+def same_process(proc: Proc, create_time: float, cmdline: Sequence[str]) -> bool:
+    """Whether a process seen now (its create time and command line) is ``proc``, not a reuse of its PID."""
+    return abs(create_time - proc.create_time) <= CREATE_TIME_TOLERANCE_S and tuple(cmdline) == proc.cmdline
+
+
 def _same_process(proc: Proc) -> Any:
-    """A psutil handle on ``proc`` if that PID still is the same process (create time and command line)."""
+    """A psutil handle on ``proc`` if that PID still is the same process, else None."""
     handle = psutil.Process(proc.pid)
-    if abs(handle.create_time() - proc.create_time) > 0.01 or tuple(handle.cmdline()) != proc.cmdline:
-        return None
-    return handle
+    return handle if same_process(proc, handle.create_time(), handle.cmdline()) else None
 
 
 def _gone(handle: Any) -> bool:

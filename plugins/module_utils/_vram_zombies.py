@@ -3,22 +3,27 @@
 """Decide which NVIDIA device holders are VRAM zombies: pure logic over a process table.
 
 Inside a container NVML reports host PIDs, so "invisible to nvidia-smi" says nothing about a process.
-The evidence used here holds in any PID namespace: who the parent is, whether the process group's
-leader still exists, the launch role's run registry, process age and whole-GPU utilization.
+The evidence used here holds in any PID namespace: the ancestor chain, the live members of a holder's
+process group and session, the launch role's run registry, process age and whole-GPU utilization.
 """
 
 from __future__ import annotations
 
-import glob
+import functools
 import json
 import os
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Dict, List, Optional, Pattern, Sequence, Set, Tuple
+
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._deadline import run_with_deadline
 
 # A process born this long after a run's started_at cannot be that run's launcher (guards PID reuse).
 LAUNCHER_BIRTH_SLACK_S = 120.0
 MAX_REGISTERED_RUNS = 1000
+MAX_RUN_JSON_BYTES = 1024 * 1024
+# Reading the registry touches data_dir, which may be a dead network mount.
+REGISTRY_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class Policy:
     protect_pids: Sequence[int] = ()
     protect_patterns: Sequence[Pattern[str]] = ()
     all_users: bool = False
+    subreaper_patterns: Sequence[Pattern[str]] = ()
 
 
 @dataclass
@@ -98,10 +104,8 @@ def _parse_started_at(value: Any) -> Optional[float]:
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, str):
-        stamp = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-        if stamp.tzinfo is None:
-            stamp = stamp.replace(tzinfo=timezone.utc)
-        return stamp.timestamp()
+        # A time without an offset is the box's local wall clock (TZ honoured), as a shell's `date` writes it.
+        return datetime.fromisoformat(value.strip().replace("Z", "+00:00")).astimezone().timestamp()
     raise ValueError("started_at must be an ISO 8601 time or epoch seconds")
 
 
@@ -134,21 +138,56 @@ def parse_run(name: str, path: str, data: Any) -> Run:
     return run
 
 
-def read_run_registry(data_dir: Optional[str]) -> Tuple[List[Run], List[str]]:
-    """Registered runs under ``<data_dir>/runs/*/run.json`` and one problem line per unreadable file."""
+def _registry_files(data_dir: str) -> Dict[str, Any]:
+    """The raw run.json texts under ``data_dir``, or why there are none; runs in a child under a deadline."""
+    unreadable = "so the run registry could not be read"
+    if not os.path.isdir(data_dir):
+        why = "not a directory" if os.path.lexists(data_dir) else "not found"
+        return {"problems": [f"data_dir {data_dir}: {why}, {unreadable}"], "files": []}
+    registry = os.path.join(data_dir, "runs")
+    if not os.path.lexists(registry):
+        return {"problems": [], "files": []}
+    if not os.path.isdir(registry):
+        return {"problems": [f"{registry}: not a directory, {unreadable}"], "files": []}
+    problems: List[str] = []
+    paths = [
+        os.path.join(registry, name, "run.json") for name in sorted(os.listdir(registry)) if not name.startswith(".")
+    ]
+    paths = [path for path in paths if os.path.isfile(path)]
+    if len(paths) > MAX_REGISTERED_RUNS:
+        problems.append(f"{len(paths)} run.json files under {registry}; read only the first {MAX_REGISTERED_RUNS}")
+    files = []
+    for path in paths[:MAX_REGISTERED_RUNS]:
+        try:
+            with open(path, "rb") as handle:
+                files.append([path, handle.read(MAX_RUN_JSON_BYTES + 1).decode("utf-8", errors="replace")])
+        except OSError as exc:
+            problems.append(f"{path}: {exc}")
+    return {"problems": problems, "files": files}
+
+
+def read_run_registry(data_dir: Optional[str], timeout_s: float = REGISTRY_TIMEOUT_S) -> Tuple[List[Run], List[str]]:
+    """Registered runs under ``<data_dir>/runs/*/run.json`` and one problem line per unreadable file.
+
+    A data_dir that is missing, not a directory or does not answer within ``timeout_s`` (a hung mount) is
+    not an empty registry: live runs cannot be told from zombies, so it is a problem.
+    """
     if not data_dir:
         return [], []
+    answer = run_with_deadline({"registry": functools.partial(_registry_files, data_dir)}, timeout_s)["registry"]
+    if answer.get("timed_out"):
+        why = f"did not answer within {timeout_s:g} s (a hung mount?)"
+        return [], [f"data_dir {data_dir}: {why}, so the run registry could not be read"]
+    if "error" in answer:
+        return [], [f"data_dir {data_dir}: {answer['error']}, so the run registry could not be read"]
     runs: List[Run] = []
-    problems: List[str] = []
-    paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), "runs", "*", "run.json")))
-    if len(paths) > MAX_REGISTERED_RUNS:
-        problems.append(f"{len(paths)} run.json files under {data_dir}/runs; read only the first {MAX_REGISTERED_RUNS}")
-    for path in paths[:MAX_REGISTERED_RUNS]:
-        name = os.path.basename(os.path.dirname(path))
+    problems: List[str] = list(answer["value"]["problems"])
+    for path, text in answer["value"]["files"]:
         try:
-            with open(path, encoding="utf-8") as handle:
-                runs.append(parse_run(name, path, json.load(handle)))
-        except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+            if len(text) > MAX_RUN_JSON_BYTES:
+                raise ValueError(f"larger than {MAX_RUN_JSON_BYTES} bytes")
+            runs.append(parse_run(os.path.basename(os.path.dirname(path)), path, json.loads(text)))
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError
             problems.append(f"{path}: {exc}")
     return runs, problems
 
@@ -198,25 +237,52 @@ def _member_of(proc: Proc, run: Run) -> bool:
     )
 
 
-def is_orphaned(proc: Proc) -> bool:
-    """Reparented to the namespace's init. PPID 0 means a parent outside the namespace (docker exec), not gone."""
-    return proc.ppid == 1
+def _chain(proc: Proc, table: Dict[int, Proc], adopters: Set[int]) -> Tuple[List[Proc], Optional[str]]:
+    """``proc``'s ancestors below the first adopter (PID 1 or a subreaper), or why the chain reaches none.
 
-
-def orphan_root(proc: Proc, table: Dict[int, Proc]) -> Optional[Proc]:
-    """The topmost ancestor below init (or ``proc`` itself) when it is an abandoned orphan, else None.
-
-    Abandoned: reparented to init, not the leader of its own process group (a process detached on purpose
-    with nohup/setsid/tmux leads one), and its group's leader, the launcher, no longer exists. Walking up
-    catches the dataloader children of an orphaned worker as well as the worker.
+    PPID 0 means a parent outside this PID namespace (docker exec): it is alive, or the kernel would have
+    reparented the process to this namespace's init. An ancestor missing from the table may be alive too.
     """
-    chain = [proc.pid, *ancestors(table, proc.pid)]
-    if len(chain) < 2 or chain[-1] != 1:
-        return None
-    root = table.get(chain[-2])
-    if root is None or root.pgid == root.pid or _group_leader_alive(table, root.pgid):
-        return None
-    return root
+    chain: List[Proc] = []
+    seen = {proc.pid}
+    ppid = proc.ppid
+    while ppid not in adopters:
+        whose = f"its ancestor {chain[-1].pid}'s" if chain else "its"
+        if ppid == 0:
+            return chain, f"{whose} parent is outside this PID namespace (PPID 0)"
+        parent = table.get(ppid)
+        if parent is None or ppid in seen:  # a loop means PIDs were reused during the scan
+            return chain, f"its ancestor {ppid} is not in the process table: it may be alive"
+        chain.append(parent)
+        seen.add(ppid)
+        ppid = parent.ppid
+    return chain, None
+
+
+def _live_members(table: Dict[int, Proc], subreapers: Set[int]) -> Tuple[Dict[int, List[Proc]], Dict[int, List[Proc]]]:
+    """Live processes by process group and by session; subreapers adopt orphans, they are no job's member."""
+    groups: Dict[int, List[Proc]] = {}
+    sessions: Dict[int, List[Proc]] = {}
+    for proc in sorted(table.values(), key=lambda p: p.pid):
+        if proc.defunct or proc.kernel_thread or proc.pid in subreapers:
+            continue
+        groups.setdefault(proc.pgid, []).append(proc)
+        sessions.setdefault(proc.sid, []).append(proc)
+    return groups, sessions
+
+
+def _blocker(
+    proc: Proc, chain: List[Proc], groups: Dict[int, List[Proc]], sessions: Dict[int, List[Proc]], chosen: Set[int]
+) -> Optional[str]:
+    """The live process, outside the ``chosen`` candidates, that may still be ``proc``'s job; None if there is none."""
+    for ancestor in chain:
+        if not ancestor.defunct and ancestor.pid not in chosen:
+            return f"its ancestor {ancestor.pid} ({ancestor.command}) is alive"
+    for kind, key, index in (("process group", proc.pgid, groups), ("session", proc.sid, sessions)):
+        for member in index.get(key, ()):
+            if member.pid != proc.pid and member.pid not in chosen:
+                return f"its {kind} {key} has a live member {member.pid} ({member.command}) that is not a candidate"
+    return None
 
 
 def gpus_of(proc: Proc, gpus: Sequence[Gpu]) -> List[int]:
@@ -276,17 +342,39 @@ def _observed(held: List[int], gpus: Sequence[Gpu]) -> bool:
     return bool(held) and all(by_index[index].utilization_pct for index in held)
 
 
+def _spared(proc: Proc, held: List[int], gpus: Sequence[Gpu], policy: Policy) -> Optional[str]:
+    """Why an orphan that belongs to no dead registered run is left alone although nothing live claims it."""
+    if proc.pid in (proc.pgid, proc.sid):
+        return "orphaned but leads its own process group or session: detached on purpose, not registered"
+    busy = _busy_gpus(held, gpus, policy)
+    if busy:
+        return f"orphaned, but {', '.join(busy)} busy: may be a live job; protect it or reap by hand"
+    return None
+
+
 def decide(
     holders: Sequence[Proc], table: Dict[int, Proc], runs: Sequence[Run], gpus: Sequence[Gpu], policy: Policy
 ) -> List[Verdict]:
-    """One Verdict per holder: protected, or a candidate with the rules that convicted it, or spared and why."""
+    """One Verdict per holder: protected, or a candidate with the rules that convicted it, or spared and why.
+
+    Candidates are the greatest set of old, unprotected holders in which no member has a live ancestor
+    (other than PID 1 and subreapers) or a live process group / session member outside the set: a live
+    launcher protects its whole tree, while an orphaned worker and its dataloader children go together.
+    """
     shielded = {policy.self_pid, *ancestors(table, policy.self_pid)}
     live_runs = [run for run in runs if run_is_live(run, table)]
     dead_runs = [run for run in runs if run not in live_runs]
-    verdicts = []
+    subreapers = {
+        pid for pid, proc in table.items() if any(pattern.search(proc.command) for pattern in policy.subreaper_patterns)
+    }
+    adopters = {1} | subreapers
+    groups, sessions = _live_members(table, subreapers)
+    verdicts: Dict[int, Verdict] = {}
+    chains: Dict[int, List[Proc]] = {}
+    dead_run_of: Dict[int, Run] = {}
     for proc in holders:
-        verdict = Verdict(proc=proc, orphaned=is_orphaned(proc), gpus=gpus_of(proc, gpus))
-        verdicts.append(verdict)
+        verdict = Verdict(proc=proc, orphaned=proc.ppid in adopters, gpus=gpus_of(proc, gpus))
+        verdicts[proc.pid] = verdict
         verdict.protected_by = _protection(proc, table, policy, shielded, live_runs)
         if verdict.protected_by is not None:
             verdict.reason = "protected: " + verdict.protected_by
@@ -295,35 +383,57 @@ def decide(
         if age < policy.min_age_s:
             verdict.reason = f"age {age:.0f}s below min_age_s {policy.min_age_s:.0f}s: may still be starting"
             continue
-        evidence = []
+        chain, unreached = _chain(proc, table, adopters)
+        if unreached is not None:
+            verdict.reason = unreached
+            continue
+        chains[proc.pid] = chain
         dead_run = next((run for run in dead_runs if _member_of(proc, run)), None)
         if dead_run is not None:
-            verdict.rules.append("run_dead")
-            evidence.append(f"belongs to registered run {dead_run.name!r} whose launcher is gone")
-        root = orphan_root(proc, table)
-        if root is not None:
-            busy = _busy_gpus(verdict.gpus, gpus, policy)
-            if busy and dead_run is None:
-                verdict.reason = (
-                    f"orphaned and its launcher (group {root.pgid}) is gone, but {', '.join(busy)} busy: "
-                    "may be a live job; protect it or reap by hand"
-                )
-                continue
-            verdict.rules.append("orphaned")
-            below = "" if root.pid == proc.pid else f"its ancestor {root.pid} is "
-            evidence.append(f"{below}orphaned (parent is init) and its launcher, group leader {root.pgid}, is gone")
-        if not verdict.rules:
-            if verdict.orphaned and proc.pgid == proc.pid:
-                verdict.reason = "orphaned but leads its own process group: detached on purpose, not registered"
-            elif verdict.orphaned:
-                verdict.reason = f"orphaned but its launcher, group leader {proc.pgid}, is alive"
-            else:
-                verdict.reason = f"parent {proc.ppid} is alive and not an abandoned orphan"
-            continue
-        if _observed(verdict.gpus, gpus) and not _busy_gpus(verdict.gpus, gpus, policy):
-            verdict.rules.append("gpu_idle")
-            evidence.append(f"GPU {', '.join(map(str, verdict.gpus))} idle (<= {policy.idle_util_pct}%)")
-        verdict.rules.append("old")
-        evidence.append(f"age {age:.0f}s")
-        verdict.reason = "; ".join(evidence)
-    return verdicts
+            dead_run_of[proc.pid] = dead_run
+    # A blocker against this first pool blocks against every subset, so it names the live process that
+    # protects the holder before the weaker guards (detached, GPU busy) get a say.
+    pool = set(chains)
+    chosen = set(pool)
+    for pid in sorted(pool):
+        verdict = verdicts[pid]
+        why = _blocker(verdict.proc, chains[pid], groups, sessions, pool)
+        if why is None and pid not in dead_run_of:
+            why = _spared(verdict.proc, verdict.gpus, gpus, policy)
+        if why is not None:
+            verdict.reason = why
+            chosen.discard(pid)
+    dropped = True
+    while dropped:  # greatest fixpoint: each pass can only drop, so at most len(pool) passes
+        dropped = False
+        for pid in sorted(chosen):
+            why = _blocker(verdicts[pid].proc, chains[pid], groups, sessions, chosen)
+            if why is not None:
+                verdicts[pid].reason = why
+                chosen.discard(pid)
+                dropped = True
+    for pid in sorted(chosen):
+        _convict(verdicts[pid], chains[pid], dead_run_of.get(pid), gpus, policy)
+    return [verdicts[proc.pid] for proc in holders]
+
+
+def _convict(verdict: Verdict, chain: List[Proc], dead_run: Optional[Run], gpus: Sequence[Gpu], policy: Policy) -> None:
+    proc = verdict.proc
+    evidence = []
+    if dead_run is not None:
+        verdict.rules.append("run_dead")
+        evidence.append(f"belongs to registered run {dead_run.name!r} whose launcher is gone")
+    top = chain[-1] if chain else proc
+    parent = "parent is init" if top.ppid == 1 else f"parent {top.ppid} is a subreaper"
+    below = f"its ancestor {top.pid} is " if chain else ""
+    verdict.rules.append("orphaned")
+    evidence.append(
+        f"{below}orphaned ({parent}) and its process group {proc.pgid} and session {proc.sid} hold no live"
+        " process but candidates"
+    )
+    if _observed(verdict.gpus, gpus) and not _busy_gpus(verdict.gpus, gpus, policy):
+        verdict.rules.append("gpu_idle")
+        evidence.append(f"GPU {', '.join(map(str, verdict.gpus))} idle (<= {policy.idle_util_pct}%)")
+    verdict.rules.append("old")
+    evidence.append(f"age {policy.now - proc.create_time:.0f}s")
+    verdict.reason = "; ".join(evidence)

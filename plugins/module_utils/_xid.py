@@ -1,6 +1,6 @@
 # Copyright (c) remote_gpu.trainer contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Xid catalog, kernel-log parsing and the Xid findings of ``gpu_health``.
+"""Xid catalog and kernel-log parsing; the findings built from them are in ``_xid_findings``.
 
 Classification, from a renter's point of view (a rented box usually cannot reset its GPU):
 
@@ -15,17 +15,18 @@ Classification, from a renter's point of view (a rented box usually cannot reset
 
 Entries whose action is ``none`` (test or informational events) produce no finding.
 An Xid 79 and the no-Xid "has fallen off the bus" block both produce ``gpu_lost`` (FAIL, re_rent); an Xid 79
-also produces its ``xid_hardware`` finding, as every hardware Xid does.
+also produces its ``xid_hardware`` finding, as every hardware Xid does. Xids of a GPU that is not this
+box's (a shared host's kernel log) are ``xid_other_gpu`` (WARN) instead: see ``_xid_findings``.
 """
 
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone, tzinfo
+from datetime import datetime, tzinfo
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._kernel_log import split_record
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._pci import kernel_pci
 
 # (code, short name, kind, renter's action). Written from NVIDIA's public Xid catalog and nverror.h.
 _CATALOG_ROWS = (
@@ -109,39 +110,6 @@ def xid_info(code: int) -> Dict[str, Any]:
         info = dict(entry, known=True)
     info["level"] = _level(info["action"])
     return info
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# PCI addresses
-# ---------------------------------------------------------------------------------------------------------------
-_PCI_RE = re.compile(r"(?:PCI:)?(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?$")
-
-
-def normalize_pci(address: str) -> Optional[str]:
-    """``00000000:18:00.0``, ``0000:18:00``, ``PCI:0000:18:00`` -> ``0000:18:00``; ``18:00.0`` -> ``18:00``."""
-    match = _PCI_RE.match(address.strip())
-    if match is None:
-        return None
-    domain, bus, device = match.groups()
-    short = f"{bus.lower()}:{device.lower()}"
-    return short if domain is None else f"{int(domain, 16):04x}:{short}"
-
-
-def pci_to_gpu_index(pci: str, gpu_bus_ids: Dict[int, str]) -> Optional[int]:
-    """The index of the GPU at ``pci`` among ``{index: NVML pci bus id}``; a domain-less address must be unique."""
-    wanted = normalize_pci(pci) if pci else None
-    if wanted is None:
-        return None
-    short_matches = []
-    for index, bus_id in gpu_bus_ids.items():
-        known = normalize_pci(bus_id) if bus_id else None
-        if known is None:
-            continue
-        if known == wanted:
-            return index
-        if known.endswith(wanted) or wanted.endswith(known):
-            short_matches.append(index)
-    return short_matches[0] if len(short_matches) == 1 else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -262,7 +230,7 @@ def parse_kernel_log(
         xid = _XID_RE.search(message)
         if xid is not None:
             raw_pci = xid.group(1)
-            pci = pci_cache.get(raw_pci) or pci_cache.setdefault(raw_pci, normalize_pci(raw_pci))
+            pci = pci_cache.get(raw_pci) or pci_cache.setdefault(raw_pci, kernel_pci(raw_pci))
             key = ("xid", int(xid.group(2)), pci)
             if collector.is_full(key):
                 collector.fold(key, timestamp, uptime)
@@ -271,7 +239,7 @@ def parse_kernel_log(
             continue
         gpu_at = _GPU_AT_RE.search(message) if "NVIDIA GPU" in message else None
         if gpu_at is not None:
-            pending = {"pci": normalize_pci(gpu_at.group(1)), "timestamp": timestamp, "uptime_s": uptime}
+            pending = {"pci": kernel_pci(gpu_at.group(1)), "timestamp": timestamp, "uptime_s": uptime}
             pending.update(budget=_SPLIT_BLOCK_LINES, parts=[message.strip()], line=line)
         elif pending is not None and message.strip():
             pending["parts"].append(_strip_nvrm(message))
@@ -279,7 +247,7 @@ def parse_kernel_log(
             pci = pending["pci"] if pending is not None else None
             if pci is None:
                 own = _ANY_PCI_RE.search(message)
-                pci = normalize_pci(own.group(1)) if own is not None else None
+                pci = kernel_pci(own.group(1)) if own is not None else None
             parts = pending["parts"] if pending is not None else [message.strip()]
             first = pending["line"] if pending is not None else line
             joined = " ".join(parts)
@@ -320,133 +288,16 @@ def summarize_events(events: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
             }
             continue
         group["count"] += event.get("count", 1)
-        group["first_timestamp"] = _pick(min, group["first_timestamp"], event["timestamp"])
-        group["last_timestamp"] = _pick(max, group["last_timestamp"], last_ts)
-        group["first_uptime_s"] = _pick(min, group["first_uptime_s"], event["uptime_s"])
-        group["last_uptime_s"] = _pick(max, group["last_uptime_s"], last_up)
+        group["first_timestamp"] = pick(min, group["first_timestamp"], event["timestamp"])
+        group["last_timestamp"] = pick(max, group["last_timestamp"], last_ts)
+        group["first_uptime_s"] = pick(min, group["first_uptime_s"], event["uptime_s"])
+        group["last_uptime_s"] = pick(max, group["last_uptime_s"], last_up)
     return list(groups.values())
 
 
-def _pick(choose: Any, current: Any, candidate: Any) -> Any:
+def pick(choose: Any, current: Any, candidate: Any) -> Any:
     if current is None:
         return candidate
     if candidate is None:
         return current
     return choose(current, candidate)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Findings
-# ---------------------------------------------------------------------------------------------------------------
-def _resolve(timestamp: Optional[datetime], uptime: Optional[float], boot_time: Optional[datetime]) -> Any:
-    if timestamp is not None:
-        return timestamp
-    if uptime is not None and boot_time is not None:
-        return boot_time + timedelta(seconds=uptime)
-    return None
-
-
-def _iso(moment: Optional[datetime]) -> Optional[str]:
-    return moment.astimezone(timezone.utc).isoformat(timespec="seconds") if moment is not None else None
-
-
-def _where(gpu: Optional[int], pci: Optional[str]) -> str:
-    if gpu is not None:
-        return f"GPU {gpu} ({pci})"
-    return f"GPU at {pci} (not one of this box's GPUs)" if pci else "an unidentified GPU"
-
-
-def _when(group: Dict[str, Any]) -> str:
-    first, last = _iso(group["first_timestamp"]), _iso(group["last_timestamp"])
-    if first is not None:
-        return f"at {first}" if first == last else f"from {first} to {last}"
-    if group["first_uptime_s"] is not None:
-        return f"at {group['first_uptime_s']:.0f} s after boot"
-    return "at an unknown time"
-
-
-def _resolved_events(
-    events: Iterable[Dict[str, Any]], since: Optional[datetime], boot_time: Optional[datetime]
-) -> List[Dict[str, Any]]:
-    kept = []
-    for event in events:
-        first = _resolve(event["timestamp"], event["uptime_s"], boot_time)
-        folded = "last_timestamp" in event or "last_uptime_s" in event
-        last = _resolve(event.get("last_timestamp"), event.get("last_uptime_s"), boot_time) if folded else first
-        # No time at all: keep it, a fault that cannot be dated cannot be ruled out as recent.
-        if since is not None and last is not None and last < since:
-            continue
-        kept.append(dict(event, timestamp=first, last_timestamp=last))
-    return kept
-
-
-def xid_findings(
-    events: Iterable[Dict[str, Any]],
-    gpu_bus_ids: Dict[int, str],
-    since: Optional[datetime] = None,
-    boot_time: Optional[datetime] = None,
-) -> List[Dict[str, Any]]:
-    """Findings for parsed kernel-log events: xid_hardware, xid_application, xid_unknown and gpu_lost.
-
-    One finding per (GPU or PCI address, Xid code); a GPU that fell off the bus gets one ``gpu_lost``
-    whether the log shows an Xid 79, the NVRM "fallen off the bus" block, or both. Events older than
-    ``since`` are ignored; uptime-only events are dated with ``boot_time`` when given; events with no
-    time at all are kept. A folded group (see ``parse_kernel_log``) counts in full when its newest event
-    is recent. ``gpu`` is the index from ``gpu_bus_ids`` ({index: PCI bus id}) or None when unmapped.
-    """
-    lost: Dict[Optional[str], Dict[str, Any]] = {}
-    findings = []
-    for group in summarize_events(_resolved_events(events, since, boot_time)):
-        pci = group["pci"]
-        group["gpu"] = pci_to_gpu_index(pci, gpu_bus_ids) if pci else None
-        if group["event"] == "fallen_off_bus" or group["code"] == XID_FALLEN_OFF_BUS:
-            _merge_lost(lost, dict(group))
-        if group["event"] == "fallen_off_bus":
-            continue
-        info = xid_info(group["code"])
-        if info["level"] is None:
-            continue
-        code = "xid_hardware" if info["level"] == "FAIL" else "xid_application"
-        if not info["known"]:
-            code = "xid_unknown"
-        message = (
-            f"{_where(group['gpu'], pci)}: Xid {info['code']} ({info['name']}, {info['kind']}) seen "
-            f"{group['count']}x {_when(group)}: {group['first_line'][:160]}"
-        )
-        findings.append(_finding(code, info["level"], message, info["action"], group, kind=info["kind"]))
-    for pci, group in lost.items():
-        message = (
-            f"{_where(group['gpu'], pci)} has fallen off the bus, seen {group['count']}x {_when(group)}: "
-            f"{group['first_line'][:160]}"
-        )
-        findings.append(_finding("gpu_lost", "FAIL", message, "re_rent", group, kind="hardware"))
-    findings.sort(key=lambda f: (f["level"] != "FAIL", f["gpu"] is None, f["gpu"] or 0, f["xid"] or 0))
-    return findings
-
-
-def _merge_lost(lost: Dict[Optional[str], Dict[str, Any]], group: Dict[str, Any]) -> None:
-    """One gpu_lost per PCI address, whether the log said Xid 79, the NVRM block, or both."""
-    merged = lost.get(group["pci"])
-    if merged is None:
-        lost[group["pci"]] = group
-        return
-    merged["count"] += group["count"]
-    merged["code"] = merged["code"] or group["code"]
-    for field, choose in (("first_timestamp", min), ("first_uptime_s", min), ("last_timestamp", max)):
-        merged[field] = _pick(choose, merged[field], group[field])
-
-
-def _finding(code: str, level: str, message: str, action: str, group: Dict[str, Any], *, kind: str) -> Dict[str, Any]:
-    return finding(
-        code,
-        level,
-        message,
-        action,
-        gpu=group["gpu"],
-        xid=group["code"],
-        kind=kind,
-        count=group["count"],
-        pci=group["pci"],
-        first_seen=_iso(group["first_timestamp"]),
-        last_seen=_iso(group["last_timestamp"]),
-    )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _procs
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding
@@ -56,20 +56,21 @@ def _memory_change(before: Any, after: Any) -> List[Dict[str, Any]]:
 def _verify(killed: List[Dict[str, Any]], victims: Dict[int, Any], failed: List[Dict[str, Any]]) -> bool:
     """Move any reaped process that still holds a device (same identity) from killed to failed."""
     table, _stats = _procs.read_process_table()
-    still = [
-        entry
-        for entry in killed
-        if entry["pid"] in table
-        and table[entry["pid"]].devices
-        and table[entry["pid"]].create_time == victims[entry["pid"]].create_time
-    ]
+    still = []
+    for entry in killed:
+        now = table.get(entry["pid"])
+        victim = victims[entry["pid"]]
+        if now is not None and now.devices and _procs.same_process(victim, now.create_time, now.cmdline):
+            still.append(entry)
     for entry in still:
         killed.remove(entry)
         failed.append({"pid": entry["pid"], "name": entry["name"], "error": "still holds a device after the signal"})
     return not still
 
 
-def scan_and_reap(params: Dict[str, Any], patterns: List[Any], check_mode: bool) -> Dict[str, Any]:
+def scan_and_reap(
+    params: Dict[str, Any], patterns: List[Any], check_mode: bool, subreapers: Sequence[Any] = ()
+) -> Dict[str, Any]:
     table, scan = _procs.read_process_table()
     runs, problems = read_run_registry(params["data_dir"])
     gpus, nvml_error = _procs.read_gpus(params["observe_s"])
@@ -83,6 +84,7 @@ def scan_and_reap(params: Dict[str, Any], patterns: List[Any], check_mode: bool)
         protect_pids=params["protect_pids"],
         protect_patterns=patterns,
         all_users=params["all_users"],
+        subreaper_patterns=subreapers,
     )
     holders = [proc for proc in table.values() if proc.devices]
     verdicts = decide(sorted(holders, key=lambda p: p.pid), table, runs, gpus or [], policy)
@@ -122,13 +124,18 @@ def scan_and_reap(params: Dict[str, Any], patterns: List[Any], check_mode: bool)
         outcome = _procs.reap([victims[pid] for pid in result["would_kill"]], params["grace_s"])
         result.update(outcome)
         result["changed"] = bool(outcome["killed"] or outcome["failed"])
-        holders_gone = _verify(result["killed"], victims, result["failed"])
-        after, _error = _procs.read_gpus(0)
-        result["verification"] = {
-            "holders_gone": holders_gone,
-            "memory_used_mib": _memory_change(gpus, after),
-        }
-        result["status"] = "partial" if result["failed"] else "reaped"
+        if result["changed"]:
+            holders_gone = _verify(result["killed"], victims, result["failed"])
+            after, _error = _procs.read_gpus(0)
+            result["verification"] = {
+                "holders_gone": holders_gone,
+                "memory_used_mib": _memory_change(gpus, after),
+            }
+        # Every candidate skipped (gone, or its PID reused) means nothing was reaped: they stay candidates.
+        if result["failed"]:
+            result["status"] = "partial"
+        elif result["killed"]:
+            result["status"] = "reaped"
     if result["status"] in ("candidates", "partial"):
         remaining = [entry for entry in candidates if entry["pid"] not in {k["pid"] for k in result["killed"]}]
         listed = ", ".join(f"pid {entry['pid']} ({entry['name']}: {entry['reason']})" for entry in remaining[:5])

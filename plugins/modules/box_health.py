@@ -23,32 +23,43 @@ description:
   - Needs only the Python standard library.
 options:
   data_dir:
-    description: Fast scratch directory where runs and checkpoints are written (the platform profile's data_dir).
+    description:
+      - Fast scratch directory where runs and checkpoints are written (the platform profile's data_dir).
+      - Must be a non-empty path.
     type: path
     required: true
   durable_dir:
-    description: Directory that survives teardown (the profile's durable_dir). Not checked when omitted.
+    description:
+      - Directory that survives teardown (the profile's durable_dir). Not checked when omitted.
+      - When given, must be a non-empty path.
     type: path
   disk_warn_pct:
-    description: Bytes or inodes used, in percent, at or above which a WARN C(disk_low) finding is added.
+    description:
+      - Bytes or inodes used, in percent, at or above which a WARN C(disk_low) finding is added.
+      - A percentage above 0 and at most 100, and at most O(disk_fail_pct).
     type: float
     default: 90
   disk_fail_pct:
-    description: Bytes or inodes used, in percent, at or above which the C(disk_low) finding is a FAIL.
+    description:
+      - Bytes or inodes used, in percent, at or above which the C(disk_low) finding is a FAIL.
+      - A percentage above 0 and at most 100.
     type: float
     default: 97
   checkpoint_budget_gb:
     description:
       - Space in GiB the run declares it will write to O(data_dir).
       - Less free space than this is a FAIL C(checkpoint_budget_exceeded) finding. Not checked when omitted.
+      - A finite number between 0 and 1048576 (1 PiB).
     type: float
   min_memory_gb:
     description:
       - Minimum memory in GiB the job needs. The tighter of the cgroup limit and the host's memory below
         this is a WARN C(cgroup_memory_low) finding. Not checked when omitted.
+      - A finite number between 0 and 1048576 (1 PiB).
     type: float
   probe_timeout_s:
-    description: Seconds the directory probes may take together before they count as hung.
+    description:
+      - Seconds the directory probes may take together before they count as hung, above 0 and at most 3600.
     type: float
     default: 5
 attributes:
@@ -138,6 +149,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._box import check_box
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import status_of
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import Between, NonEmpty, check_options
 
 ARGUMENT_SPEC = {
     "data_dir": {"type": "path", "required": True},
@@ -148,13 +160,22 @@ ARGUMENT_SPEC = {
     "min_memory_gb": {"type": "float"},
     "probe_timeout_s": {"type": "float", "default": 5.0},
 }
+# What the argument spec cannot check; the DOCUMENTATION of each option states its rule.
+OPTION_BOUNDS = {
+    "data_dir": NonEmpty(),
+    "durable_dir": NonEmpty(),
+    "disk_warn_pct": Between(0, 100, above_low=True),
+    "disk_fail_pct": Between(0, 100, above_low=True),
+    "checkpoint_budget_gb": Between(0, 1048576),
+    "min_memory_gb": Between(0, 1048576),
+    "probe_timeout_s": Between(0, 3600, above_low=True),
+}
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    check_options(module, OPTION_BOUNDS, ordered=[("disk_warn_pct", "disk_fail_pct")])
     params = module.params
-    if not 0 < params["disk_warn_pct"] <= params["disk_fail_pct"] <= 100:
-        module.fail_json(msg="need 0 < disk_warn_pct <= disk_fail_pct <= 100")
     result = check_box(
         params["data_dir"],
         durable_dir=params["durable_dir"],

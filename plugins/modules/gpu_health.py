@@ -36,49 +36,67 @@ options:
     default: auto
   gpus:
     description:
-      - GPU indexes to check (default all). A requested index the box does not have is a C(gpu_missing) finding.
+      - GPU indexes to check (default all), each between 0 and 255. A requested index the box does not have is a
+        C(gpu_missing) finding.
     type: list
     elements: int
   sample_seconds:
-    description: Length of the sampling window in seconds; V(0) takes a single sample.
+    description: Length of the sampling window in seconds, between 0 and 600; V(0) takes a single sample.
     type: float
     default: 3
   sample_interval_s:
     description:
-      - Seconds between samples. 0.5 catches a throttle episode of a second or more in a 3 s window at
-        half the cost of 0.25, and leaves room for a C(nvidia-smi) call between samples.
+      - Seconds between samples, between 0.05 and 60. 0.5 catches a throttle episode of a second or more in a
+        3 s window at half the cost of 0.25, and leaves room for a C(nvidia-smi) call between samples.
     type: float
     default: 0.5
   temp_hot_c:
-    description: Temperature (C) at or above which a GPU is hot (C(running_hot), C(thermal_throttle)).
+    description:
+      - Temperature (C) at or above which a GPU is hot (C(running_hot), C(thermal_throttle)), between 0 and 150.
     type: int
     default: 83
   sm_clock_floor_pct:
-    description: A busy, hot GPU whose SM clock is below this percentage of its maximum is C(thermal_throttle).
+    description:
+      - A busy, hot GPU whose SM clock is below this percentage of its maximum is C(thermal_throttle).
+      - A percentage between 0 and 100.
     type: int
     default: 70
   power_cap_pct:
-    description: An enforced power limit below this percentage of the default limit is C(power_capped).
+    description:
+      - An enforced power limit below this percentage of the default limit is C(power_capped).
+      - A percentage between 0 and 100.
     type: int
     default: 90
   occupied_mib_threshold:
     description:
       - GPU memory in use (MiB) that no listed process accounts for, above which C(memory_occupied) is raised.
-        Allows for the driver's own context memory.
+        Allows for the driver's own context memory. An integer between 0 and 1048576 (1 TiB).
     type: int
     default: 1024
   expected_gpu_count:
-    description: Fewer GPUs than this is C(gpu_count_mismatch). When unset, only a box with no GPU at all is.
+    description:
+      - Fewer GPUs than this is C(gpu_count_mismatch), between 1 and 256. When unset, only a box with no GPU at all is.
     type: int
   expected_gpu_model:
     description: Regular expression (searched) every GPU name must match, else C(gpu_model_mismatch).
     type: str
   min_driver_version:
-    description: Dotted driver version (for example V(535.104.05)) below which the box is C(driver_too_old).
+    description:
+      - Driver version below which the box is C(driver_too_old).
+      - Must be dotted numbers such as 535.104.05; anything else is an error, never a skipped check.
     type: str
   min_cuda_version:
-    description: CUDA driver version (for example V(12.2)) below which the box is C(driver_too_old).
+    description:
+      - CUDA driver version below which the box is C(driver_too_old).
+      - Must be dotted numbers such as 12.2; anything else is an error, never a skipped check.
     type: str
+  expected_nvlinks:
+    description:
+      - Active NVLinks each GPU must have, between 1 and 36; fewer is C(nvlink_down). When unset, only a link
+        down while others of the same GPU are active is C(nvlink_down).
+      - A card without NVLink, or with every link inactive because no bridge or peer is fitted (PCIe cards,
+        single-GPU boxes), is normal unless this is set. Set it to require an NVLink box (18 on H100 SXM).
+    type: int
   allow_mig:
     description: Whether MIG mode on (or pending) is acceptable; when false it is C(mig_enabled).
     type: bool
@@ -86,15 +104,16 @@ options:
   xid_since:
     description:
       - Which kernel log entries count. V(boot) (the whole log since boot), a duration back from now such as
-        V(24h), V(30m) or V(7d), or an ISO-8601 time (UTC unless it carries an offset).
+        V(24h), V(30m) or V(7d) (units s, m, h, d, w; at most 3650d), or an ISO-8601 time (UTC unless it carries
+        an offset).
     type: str
     default: boot
   kernel_log_timeout_s:
-    description: Timeout in seconds for each kernel log command (C(dmesg), C(journalctl)).
+    description: Timeout in seconds for each kernel log command (C(dmesg), C(journalctl)), above 0 and at most 3600.
     type: float
     default: 10
   command_timeout_s:
-    description: Timeout in seconds for each C(nvidia-smi) call.
+    description: Timeout in seconds for each C(nvidia-smi) call, above 0 and at most 3600.
     type: float
     default: 10
 attributes:
@@ -146,7 +165,11 @@ findings:
       xid_application, xid_unknown, kernel_log_unreadable, throttle_active, thermal_throttle, running_hot,
       ecc_uncorrectable, row_remap_failure, row_remap_pending, retired_pages_pending, pcie_degraded,
       nvlink_down, power_capped, driver_too_old, mig_enabled, foreign_processes, memory_occupied,
-      gpu_query_failed."
+      gpu_query_failed, xid_other_gpu, version_unknown."
+    - C(xid_other_gpu) (WARN) is an Xid or GPU loss in the kernel log on a PCI address that is not one of this
+      box's GPUs (a container on a shared host reading the host's log): the host has a failing GPU.
+    - C(version_unknown) (WARN) is a O(min_driver_version) or O(min_cuda_version) that could not be checked because
+      the box did not report a readable version.
   returned: always
   type: list
   elements: dict
@@ -261,6 +284,7 @@ gpus:
       description:
         - Compute processes on the GPU, each C(pid), C(used_memory_mib) and C(visible) (whether the PID exists
           in this PID namespace; NVML reports host PIDs, so inside a container a PID may be absent or another process).
+        - C(used_memory_mib) is null when the driver cannot tell (nvidia-smi C([N/A]), as under Windows WDDM).
       type: list
       elements: dict
     ecc:
@@ -294,6 +318,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._command import subprocess_runner
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_health import BACKENDS, check_gpu_health
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import Between, DottedVersion, check_options
 
 try:
     import pynvml
@@ -304,6 +329,23 @@ except ImportError:
     pynvml = None
     HAS_PYNVML = False
     PYNVML_IMPORT_ERROR = traceback.format_exc()
+
+# What the argument spec cannot check; the DOCUMENTATION of each option states its rule.
+OPTION_BOUNDS = {
+    "gpus": Between(0, 255),
+    "sample_seconds": Between(0, 600),
+    "sample_interval_s": Between(0.05, 60),
+    "temp_hot_c": Between(0, 150),
+    "sm_clock_floor_pct": Between(0, 100),
+    "power_cap_pct": Between(0, 100),
+    "occupied_mib_threshold": Between(0, 1048576),
+    "expected_gpu_count": Between(1, 256),
+    "expected_nvlinks": Between(1, 36),
+    "min_driver_version": DottedVersion("535.104.05"),
+    "min_cuda_version": DottedVersion("12.2"),
+    "kernel_log_timeout_s": Between(0, 3600, above_low=True),
+    "command_timeout_s": Between(0, 3600, above_low=True),
+}
 
 
 def main() -> None:
@@ -318,6 +360,7 @@ def main() -> None:
             "power_cap_pct": {"type": "int", "default": 90},
             "occupied_mib_threshold": {"type": "int", "default": 1024},
             "expected_gpu_count": {"type": "int"},
+            "expected_nvlinks": {"type": "int"},
             "expected_gpu_model": {"type": "str"},
             "min_driver_version": {"type": "str"},
             "min_cuda_version": {"type": "str"},
@@ -328,6 +371,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    check_options(module, OPTION_BOUNDS)
     params = module.params
     if params["backend"] == "nvml" and not HAS_PYNVML:
         module.fail_json(
@@ -337,9 +381,6 @@ def main() -> None:
             ),
             exception=PYNVML_IMPORT_ERROR,
         )
-    for name in ("sample_seconds", "sample_interval_s", "kernel_log_timeout_s", "command_timeout_s"):
-        if params[name] < 0 or (params[name] == 0 and name != "sample_seconds"):
-            module.fail_json(msg=f"{name} must be a positive number of seconds, not {params[name]}")
     try:
         result = check_gpu_health(params, subprocess_runner, pynvml)
     except ValueError as exc:  # option values only the checks can validate (xid_since, expected_gpu_model)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from _smi_fields import EVENT_REASONS, mig_on
-from scenario import pci_ids
+from scenario import NOT_AVAILABLE, pci_ids
 
 PROCESS_LABELS = ("GPU instance ID", "Compute instance ID", "Process ID", "Type", "Name", "Used GPU Memory")
 Line = Tuple[int, str, Optional[str]]  # (indent level, label, value or None for a section title)
@@ -165,7 +165,11 @@ def _processes(gpu: Dict[str, Any]) -> List[Line]:
             (2, "Process ID", str(proc["pid"])),
             (3, "Type", "C"),
             (3, "Name", proc["name"]),
-            (3, "Used GPU Memory", f"{proc['used_memory_mib']} MiB"),
+            (
+                3,
+                "Used GPU Memory",
+                "N/A" if proc["used_memory_mib"] == NOT_AVAILABLE else f"{proc['used_memory_mib']} MiB",
+            ),
         ]
     return lines
 

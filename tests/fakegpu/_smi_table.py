@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Tuple
 
 from _smi_fields import EXIT_GPU_LOST, lost_message, mig_on
+from scenario import NOT_AVAILABLE
 
 WIDE_RULE = "+" + "-" * 89 + "+"
 GPU_RULE = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
@@ -79,10 +80,15 @@ def table(scenario: Dict[str, Any], selected: List[Tuple[int, Dict[str, Any]]], 
     name_width = PROCESS_NAME_WIDTH + 15 - pid_width
     rows = [
         f"|{index:>5}   N/A  N/A {proc['pid']:>{pid_width}} {'C':>6}   "
-        f"{_process_name(proc['name'], name_width):<{name_width}}{proc['used_memory_mib']:>6}MiB |"
+        f"{_process_name(proc['name'], name_width):<{name_width}}{_memory(proc['used_memory_mib'])}|"
         for index, gpu in selected
         for proc in gpu["processes"]
     ]
     out += rows or [f"|  {'No running processes found':<87}|"]
     out.append(WIDE_RULE)
     return 0
+
+
+def _memory(mib: Any) -> str:
+    """``  1234MiB``, or `` N/A`` and padding where the driver cannot tell (as a Windows WDDM capture shows)."""
+    return f"{'N/A':>4}{'':6}" if mib == NOT_AVAILABLE else f"{mib:>6}MiB "

@@ -43,6 +43,7 @@ extern char **environ;
 #define MAX_BLOCKS 1024
 #define HELPER_TIMEOUT_MS 20000
 #define MIB 1048576ULL
+#define NVML_VALUE_NOT_AVAILABLE (~0ULL) /* nvml.h: a value the driver cannot give */
 
 enum {
     NVML_SUCCESS = 0,
@@ -221,7 +222,9 @@ static void set_gpu_key(struct fake_gpu *gpu, const char *key, const char *value
     if (sscanf(key, "processes.%u.%n", &index, &used) == 1 && used > 0 && index < MAX_PROCS) {
         const char *leaf = key + used;
         if (strcmp(leaf, "pid") == 0) gpu->procs[index].pid = (unsigned)strtoul(value, NULL, 10);
-        if (strcmp(leaf, "used_memory_mib") == 0) gpu->procs[index].used_memory_mib = strtoull(value, NULL, 10);
+        if (strcmp(leaf, "used_memory_mib") == 0)
+            gpu->procs[index].used_memory_mib =
+                strcmp(value, "not_available") == 0 ? NVML_VALUE_NOT_AVAILABLE : strtoull(value, NULL, 10);
         return;
     }
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
@@ -821,6 +824,11 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
     return NVML_SUCCESS;
 }
 
+/* Bytes, or NVML_VALUE_NOT_AVAILABLE as the driver reports it (Windows WDDM); pynvml reads that as None. */
+static unsigned long long process_memory(unsigned long long mib) {
+    return mib == NVML_VALUE_NOT_AVAILABLE ? NVML_VALUE_NOT_AVAILABLE : mib * MIB;
+}
+
 /* Count-then-fill, as NVML does: a NULL or short buffer gets the count and INSUFFICIENT_SIZE. */
 static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned *count, void *infos, int layout_v1, int graphics) {
     DEVICE_STATE(device, count);
@@ -837,11 +845,11 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned *count, void *i
         if (layout_v1) {
             nvmlProcessInfo_v1_t *info = (nvmlProcessInfo_v1_t *)infos + i;
             info->pid = gpu.procs[i].pid;
-            info->usedGpuMemory = gpu.procs[i].used_memory_mib * MIB;
+            info->usedGpuMemory = process_memory(gpu.procs[i].used_memory_mib);
         } else {
             nvmlProcessInfo_v2_t *info = (nvmlProcessInfo_v2_t *)infos + i;
             info->pid = gpu.procs[i].pid;
-            info->usedGpuMemory = gpu.procs[i].used_memory_mib * MIB;
+            info->usedGpuMemory = process_memory(gpu.procs[i].used_memory_mib);
             info->gpuInstanceId = info->computeInstanceId = 0xFFFFFFFFu; /* not a MIG instance */
         }
     }

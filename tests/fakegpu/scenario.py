@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Tuple
 import yaml
 
 NOT_SUPPORTED = "not_supported"
+NOT_AVAILABLE = "not_available"  # a reading the driver cannot give (NVML_VALUE_NOT_AVAILABLE, nvidia-smi [N/A])
 
 
 class ScenarioError(ValueError):
@@ -27,6 +28,13 @@ class _Choice:
 
     def __init__(self, schema: Dict[str, Any]) -> None:
         self.schema = schema
+
+
+class _IntOrWord:
+    """An int, or the one word that stands for a value the driver cannot give."""
+
+    def __init__(self, word: str) -> None:
+        self.word = word
 
 
 class _ListOf:
@@ -55,8 +63,9 @@ GPU_SCHEMA: Dict[str, Any] = {
     "retired_pages": _Choice({"single_bit": int, "double_bit": int, "pending": bool}),
     "pcie": {"gen": int, "gen_max": int, "width": int, "width_max": int, "replay_counter": int},
     "nvlinks": _ListOf({"active": bool, "crc_errors": int, "replay_errors": int, "recovery_errors": int}),
-    # `name` is an extension: what nvidia-smi prints as process_name (NVML has no name in the process list).
-    "processes": _ListOf({"pid": int, "used_memory_mib": int, "name": str}),
+    # `name` is an extension: what nvidia-smi prints as process_name (NVML has no name in the process list);
+    # so is used_memory_mib `not_available` (Windows WDDM: NVML_VALUE_NOT_AVAILABLE, nvidia-smi "[N/A]").
+    "processes": _ListOf({"pid": int, "used_memory_mib": _IntOrWord(NOT_AVAILABLE), "name": str}),
 }
 
 TIMELINE_SCHEMA = _ListOf({"after_s": float, "set": GPU_SCHEMA})
@@ -152,6 +161,12 @@ def _check(value: Any, schema: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise ScenarioError(f"{path}: expected mapping or '{NOT_SUPPORTED}', got {_type_name(value)}")
         return _check(value, schema.schema, path)
+    if isinstance(schema, _IntOrWord):
+        if value == schema.word:
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ScenarioError(f"{path}: expected int or '{schema.word}', got {_type_name(value)}")
     if isinstance(schema, _ListOf):
         if not isinstance(value, list):
             _fail(path, "list", value)

@@ -1,9 +1,10 @@
 """A stand-in training job for vram_zombies tests: a launcher whose workers hold an NVIDIA device node open.
 
     fake_job.py launch --device /dev/nvidia0 --workers 2 --state /tmp/job.json [--dataloaders]
-                       [--register DATA_DIR --run NAME] [--ignore-term] [--daemon]
+                       [--register DATA_DIR --run NAME] [--ignore-term] [--daemon] [--keep-session]
 
-The launcher leads its own session and process group (as a detached launch does), starts the workers
+The launcher leads its own session and process group (as a detached launch does; with ``--keep-session`` it
+stays in its caller's, as ``nohup launcher &`` leaves it), starts the workers
 and writes ``--state`` ({launcher, pgid, sid, workers, dataloaders}) once every holder has the device
 open. ``--register`` also writes ``DATA_DIR/runs/NAME/run.json`` the way the launch role does. Kill the
 launcher with SIGKILL to leave its workers orphaned. Standard library only: the fleet hosts' system
@@ -66,7 +67,7 @@ def launch(args: argparse.Namespace) -> None:
     if args.daemon and os.fork() > 0:
         _wait_for(args.state)  # the caller (an Ansible task) returns once the job is up
         return
-    if os.getsid(0) != os.getpid():
+    if os.getsid(0) != os.getpid() and not args.keep_session:
         os.setsid()  # started with start_new_session=True it already leads its session
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -110,6 +111,7 @@ def main() -> None:
     start.add_argument("--run", default="live")
     start.add_argument("--ignore-term", action="store_true", help="workers ignore SIGTERM (needs SIGKILL)")
     start.add_argument("--daemon", action="store_true", help="return once the job is up")
+    start.add_argument("--keep-session", action="store_true", help="stay in the caller's process group and session")
     work = modes.add_parser("worker")
     work.add_argument("--device", required=True)
     work.add_argument("--ready", required=True)

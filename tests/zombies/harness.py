@@ -32,6 +32,27 @@ def start_job(state: Path, device: Path, *options: str) -> Dict[str, Any]:
     return job
 
 
+def start_shell_job(script: str, state: Path, shell: str = "sh") -> Dict[str, Any]:
+    """Run ``script`` (which starts fake_job.py in the background) in a new session; return the job's state.
+
+    The shell exits once the job is up, leaving the job as a live user's would be after logging out.
+    """
+    runner = subprocess.Popen([shell, "-c", script], start_new_session=True, stdin=subprocess.DEVNULL)
+    STARTED.append(runner.pid)
+    runner.wait(timeout=30)
+    if not state.exists():
+        raise RuntimeError(f"fake job did not start: {script}")
+    job = json.loads(state.read_text())
+    STARTED.append(job["pgid"])
+    job["holders"] = sorted(job["workers"] + job["dataloaders"])
+    return job
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[1])
+
+
 def kill_launcher(job: Dict[str, Any]) -> None:
     """SIGKILL the launcher only, leaving its workers orphaned (as a crashed torchrun does)."""
     job["popen"].kill()

@@ -43,7 +43,10 @@ def gpu(handle):
         result = call(nv.nvmlDeviceGetComputeRunningProcesses, handle)
         if isinstance(result, dict):
             return result
-        return [{"pid": p.pid, "used_mib": p.usedGpuMemory // 1048576} for p in result]
+        # pynvml turns NVML_VALUE_NOT_AVAILABLE into None
+        return [
+            {"pid": p.pid, "used_mib": None if p.usedGpuMemory is None else p.usedGpuMemory // 1048576} for p in result
+        ]
 
     def memory():
         info = call(nv.nvmlDeviceGetMemoryInfo, handle)

@@ -50,7 +50,10 @@ def expected_view(gpu: dict) -> dict:
         ),
         "retired_pending": feature("retired_pages", lambda p: int(p["pending"])),
         "pcie": [gpu["pcie"][k] for k in ("gen", "gen_max", "width", "width_max", "replay_counter")],
-        "processes": [{"pid": p["pid"], "used_mib": p["used_memory_mib"]} for p in gpu["processes"]],
+        "processes": [
+            {"pid": p["pid"], "used_mib": None if p["used_memory_mib"] == "not_available" else p["used_memory_mib"]}
+            for p in gpu["processes"]
+        ],
         "graphics_processes": [],
     }
 
@@ -100,6 +103,20 @@ def test_literal_values_of_a_consumer_card(sim_env) -> None:
     for key in ("ecc_mode", "ecc_volatile_uncorrected", "remapped_rows", "retired_sbe", "retired_pending", "mig"):
         assert view[key] == NOT_SUPPORTED, key
     assert view["nvlinks"] == [NOT_SUPPORTED]
+
+
+def test_unknown_process_memory_is_nvml_value_not_available(sim_env, write_scenario) -> None:
+    path = write_scenario(
+        "gpus:\n  - processes: [{pid: 12444, used_memory_mib: not_available}, {pid: 7, used_memory_mib: 5}]\n"
+    )
+    assert probe(sim_env(path))["gpus"][0]["processes"] == [{"pid": 12444, "used_mib": None}, {"pid": 7, "used_mib": 5}]
+
+
+def test_links_without_a_bridge_read_inactive_and_no_nvlink_reads_not_supported(sim_env, write_scenario) -> None:
+    path = write_scenario("gpus:\n  - {nvlinks: [{active: false}, {active: false}]}\n  - {nvlinks: []}\n")
+    bridgeless, without = (gpu["nvlinks"] for gpu in probe(sim_env(path))["gpus"])
+    assert [link["active"] for link in bridgeless[:2]] == [0, 0] and bridgeless[2] == NOT_SUPPORTED
+    assert without == [NOT_SUPPORTED]
 
 
 def test_retired_pages_and_dbe_counts(sim_env, write_scenario) -> None:

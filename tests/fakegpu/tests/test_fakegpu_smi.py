@@ -211,7 +211,43 @@ def test_nvlink_status(sim_env) -> None:
     assert result.returncode == 0 and lines[0].startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-")
     assert lines[1:] == [f"\t Link {n}: 26.562 GB/s" for n in range(18)]
     consumer = smi(sim_env(SCENARIOS / "rtx4090-consumer.yml"), "nvlink", "--status")
-    assert len(consumer.stdout.splitlines()) == 1
+    assert (consumer.returncode, consumer.stdout) == (0, "")  # before driver 595: nothing for a card without NVLink
+
+
+def test_nvlink_status_prints_the_real_tools_three_shapes(sim_env, write_scenario) -> None:
+    # Real outputs: "<inactive>" among active links (Azure/azhpc-diagnostics#73), the all-inactive line of a
+    # card without a bridge (leptonai/gpud#1085), "Device does not have or support Nvlink" (driver 595+,
+    # canonical/checkbox#2727; empty output before, canonical/checkbox#2617).
+    path = write_scenario(
+        "driver: {version: '595.71.05'}\n"
+        "gpus:\n"
+        "  - {nvlinks: [{active: true}, {active: false}, {active: true}]}\n"
+        "  - {name: NVIDIA A100 80GB PCIe, nvlinks: [{active: false}, {active: false}]}\n"
+        "  - {name: NVIDIA GeForce RTX 4090, nvlinks: []}\n"
+    )
+    result = smi(sim_env(path), "nvlink", "-s")
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0 and [line.split(" (UUID")[0] for line in lines if line.startswith("GPU")] == [
+        "GPU 0: NVIDIA H100 80GB HBM3", "GPU 1: NVIDIA A100 80GB PCIe", "GPU 2: NVIDIA GeForce RTX 4090"
+    ]  # fmt: skip
+    assert [line for line in lines if not line.startswith("GPU")] == [
+        "\t Link 0: 26.562 GB/s",
+        "\t Link 1: <inactive>",
+        "\t Link 2: 26.562 GB/s",
+        "NVML: Unable to retrieve NVLink information as all links are inActive",
+        "Device does not have or support Nvlink",
+    ]
+
+
+def test_unknown_per_process_memory_prints_na_as_the_real_tool(sim_env, write_scenario) -> None:
+    path = write_scenario("gpus:\n  - processes: [{pid: 12444, used_memory_mib: not_available}]\n")
+    env = sim_env(path)
+    apps = smi(env, "--query-compute-apps=pid,used_memory", "--format=csv,noheader")
+    assert apps.stdout.splitlines() == ["12444, [N/A]"]
+    q = smi(env, "-q", "-d", "PIDS").stdout.splitlines()
+    assert any(line.strip().startswith("Used GPU Memory") and line.endswith(": N/A") for line in q)
+    table = [line for line in smi(env).stdout.splitlines() if "12444" in line]
+    assert len(table) == 1 and table[0].endswith(" N/A      |") and len(table[0]) == 91  # as the WDDM capture
 
 
 def test_dmon_samples(sim_env) -> None:

@@ -13,11 +13,11 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_checks imp
     compare_versions,
     cuda_version_text,
     gpu_findings,
-    normalize_bus_id,
     reason_mask,
     reason_names,
     window_summary,
 )
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._pci import normalize_bus_id
 
 IDLE, SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_BRAKE = 0x1, 0x4, 0x8, 0x20, 0x40, 0x80
 
@@ -127,6 +127,28 @@ def test_nvlink_down():
     assert (found["code"], found["level"], found["links"]) == ("nvlink_down", "FAIL", [1])
 
 
+def links(*states):
+    return [{"link": number, "active": active} for number, active in enumerate(states)]
+
+
+def test_links_all_inactive_without_a_bridge_are_normal_unless_nvlinks_are_expected():
+    # A PCIe card without a bridge reports every link inactive; a card without NVLink reports none.
+    assert codes(gpu(nvlinks=links(*[False] * 12))) == [] and codes(gpu(nvlinks=[])) == []
+    (found,) = gpu_findings(gpu(nvlinks=links(*[False] * 12)), dict(DEFAULT_THRESHOLDS, expected_nvlinks=12))
+    assert (found["code"], found["level"], found["active"], found["expected"]) == ("nvlink_down", "FAIL", 0, 12)
+    assert "0 of 12 expected" in found["message"]
+    assert codes(gpu(nvlinks=[]), expected_nvlinks=4) == ["nvlink_down"]
+
+
+def test_expected_nvlinks_counts_active_links():
+    eighteen = links(*[True] * 18)
+    assert codes(gpu(nvlinks=eighteen), expected_nvlinks=18) == []
+    (found,) = gpu_findings(gpu(nvlinks=links(*[True] * 17)), dict(DEFAULT_THRESHOLDS, expected_nvlinks=18))
+    assert (found["code"], found["active"], found["links"]) == ("nvlink_down", 17, [])
+    (found,) = gpu_findings(gpu(nvlinks=links(True, False, True)), dict(DEFAULT_THRESHOLDS, expected_nvlinks=3))
+    assert (found["active"], found["links"]) == (2, [1])  # one finding, naming the link that is down
+
+
 def test_power_capped_threshold():
     assert codes(gpu(power_limit_w=629.0)) == ["power_capped"]  # < 630 = 90% of 700
     assert codes(gpu(power_limit_w=630.0)) == []
@@ -156,6 +178,19 @@ def test_memory_occupied_counts_only_unlisted_memory():
     assert codes(gpu(samples=[sample(used=5000)]), occupied_mib_threshold=8192) == []
     listed = gpu(processes=[{"pid": 1, "used_memory_mib": 4000, "visible": False}], samples=[sample(used=4500)])
     assert codes(listed) == ["foreign_processes"]
+
+
+def test_unknown_per_process_memory_is_unknown_not_zero():
+    # Windows (WDDM) and some drivers report "[N/A]" per process: the holders' memory is unknown.
+    procs = [
+        {"pid": 12444, "used_memory_mib": None, "visible": False},
+        {"pid": 7, "used_memory_mib": 300, "visible": False},
+    ]
+    (found,) = gpu_findings(gpu(processes=procs, samples=[sample(used=30000)]), DEFAULT_THRESHOLDS)
+    assert (found["code"], found["used_memory_mib"]) == ("foreign_processes", None)
+    assert "holding 0 MiB" not in found["message"] and "per-process memory unknown for pid 12444" in found["message"]
+    alone = gpu(processes=[{"pid": 12444, "used_memory_mib": None, "visible": False}], samples=[sample(used=30000)])
+    assert codes(alone) == ["foreign_processes"]  # not memory_occupied: the 30000 MiB may all be that process's
 
 
 def test_lost_gpu_is_only_gpu_lost():
@@ -200,6 +235,7 @@ def test_reason_and_bus_id_helpers():
     assert reason_mask(["gpu_idle", "display_clock_setting"]) == 0x101
     assert normalize_bus_id("GPU0000:18:00.0") == "00000000:18:00.0"
     assert normalize_bus_id("00000000:3b:00.0") == "00000000:3B:00.0"
+    assert normalize_bus_id("PCI:0000:3b:00") == normalize_bus_id("0000:3B:00.0") == "00000000:3B:00.0"
     assert normalize_bus_id("nonsense") is None
 
 
@@ -211,3 +247,16 @@ def test_window_summary():
         "sm_clock_mhz": {"min": 345, "max": 1980},
         "power_draw_w": {"min": 70.0, "max": 70.0},
     }
+
+
+def test_a_required_version_the_box_does_not_report_is_a_warning_not_a_pass():
+    gpus = [gpu(index=0)]
+    limits = dict(DEFAULT_THRESHOLDS, min_driver_version="550", min_cuda_version="12.4")
+    found = box_findings(gpus, None, limits, None, "N/A")
+    assert [(f["code"], f["level"], f["component"]) for f in found] == [
+        ("version_unknown", "WARN", "driver"),
+        ("version_unknown", "WARN", "CUDA driver"),
+    ]
+    assert "550" in found[0]["message"] and "N/A" in found[1]["message"]
+    # Nothing required: an unreadable version is nobody's concern.
+    assert box_findings(gpus, None, DEFAULT_THRESHOLDS, None, None) == []

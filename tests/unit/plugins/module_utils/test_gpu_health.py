@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 
 import pytest
+import yaml
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_health import check_gpu_health, parse_since
-from ansible_collections.remote_gpu.trainer.tests.testpaths import CAPTURES
+from ansible_collections.remote_gpu.trainer.tests.testpaths import CAPTURES, REPO, SCENARIOS
 from ansible_collections.remote_gpu.trainer.tests.unit.plugins.module_utils.test_gpu_nvml import (
     LIBRARY_NOT_FOUND,
     StubNvml,
@@ -118,6 +123,12 @@ def test_auto_falls_back_to_nvidia_smi_when_the_library_is_missing():
     assert result["driver_version"] == "535.129.03" and result["gpus"][0]["window"]["samples"] == 7
 
 
+def test_no_gpus_through_nvidia_smi_is_only_a_count_mismatch():
+    # nvidia-smi answers every query with "No devices were found" and exit 6 when the box has no GPU.
+    result = Box(smi=lambda argv: (6, "No devices were found\n", "")).check(StubNvml([], init_error=LIBRARY_NOT_FOUND))
+    assert (result["backend"], result["status"], codes(result)) == ("nvidia-smi", "FAIL", ["gpu_count_mismatch"])
+
+
 def test_no_library_and_no_nvidia_smi_is_a_no_driver_finding():
     result = Box().check(None)
     assert result["status"] == "FAIL" and codes(result) == ["no_driver"] and result["gpus"] == []
@@ -144,6 +155,40 @@ def test_xids_map_to_gpus_and_a_lost_gpu_is_reported_once():
     assert result["gpus"][0]["lost"] is True and result["status"] == "FAIL"
 
 
+def test_an_xid_on_a_lost_gpus_own_address_is_that_gpus_through_nvml():
+    # NVML cannot read a lost GPU's bus id, but it answers GPU_IS_LOST for its address: the Xid is GPU 0's.
+    result = Box(kernel_lines=[XID_79, XID_48]).check(StubNvml([datacenter_gpu(procs=[], lost=True)]))
+    assert sorted((f["code"], f["gpu"]) for f in result["findings"]) == [
+        ("gpu_lost", 0), ("xid_hardware", 0), ("xid_hardware", 0)
+    ]  # fmt: skip
+    assert result["gpus"][0]["pci_bus_id"] == "00000000:18:00.0"
+    assert not any("not one of this box's" in f["message"] for f in result["findings"])
+
+
+SHARED_HOST_XIDS = (
+    "[ 7001.2] NVRM: Xid (PCI:0000:b8:00): 48, pid=5120, name=python3, An uncorrectable double bit error",
+    "[ 7002.9] NVRM: Xid (PCI:0000:B8:00): 13, pid=5120, name=python3, Graphics Exception on GPC 0",
+)
+
+
+def two_of_eight():
+    """A renter's 2 GPUs of a shared 8-GPU host."""
+    return StubNvml([datacenter_gpu(procs=[]), datacenter_gpu(procs=[], bus=b"00000000:3B:00.0")])
+
+
+def test_another_tenants_xid_in_the_hosts_kernel_log_warns_and_does_not_fail_the_box():
+    result = Box(kernel_lines=SHARED_HOST_XIDS).check(two_of_eight())
+    assert (result["status"], codes(result)) == ("WARN", ["xid_other_gpu"])
+    (found,) = result["findings"]
+    assert (found["gpu"], found["pci"], found["xid"], found["action"]) == (None, "0000:b8:00", 48, "investigate")
+
+
+def test_an_unmatched_xid_still_fails_when_the_box_lists_fewer_gpus_than_expected():
+    # A GPU that fell off the bus can vanish from the driver's list: the address may be this box's third GPU.
+    result = Box(kernel_lines=SHARED_HOST_XIDS).check(two_of_eight(), expected_gpu_count=3)
+    assert sorted(codes(result)) == ["gpu_count_mismatch", "xid_application", "xid_hardware"]
+
+
 def test_requested_indexes_and_missing_ones():
     stub = StubNvml([datacenter_gpu(procs=[]), datacenter_gpu(procs=[], bus=b"00000000:3B:00.0", temp=90)])
     result = Box().check(stub, gpus=[0, 4], expected_gpu_count=2)
@@ -163,3 +208,94 @@ def test_bad_option_values_raise_before_sampling():
     with pytest.raises(ValueError, match="xid_since"):
         box.check(StubNvml([datacenter_gpu()]), xid_since="last tuesday")
     assert box.calls == [] and box.t == 0
+
+
+# ----------------------------------------------------------------------------- the simulator, both backends
+sys.path.insert(0, str(REPO / "tests" / "fakegpu"))
+from build import environment  # noqa: E402
+
+FAST = {"sample_seconds": 0.5, "sample_interval_s": 0.25}
+
+
+@pytest.fixture(scope="module")
+def sim_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("fakegpu"))
+
+
+def through_both_backends(sim_dir, scenario, **args):
+    """gpu_health as Ansible runs it (a fresh Python started with the simulator's environment), per backend."""
+    results = {}
+    for backend in ("nvml", "nvidia-smi"):
+        env = dict(os.environ, PYTHONPATH=str(REPO / ".build" / "collections"))
+        env.update(environment(sim_dir, str(scenario)))
+        payload = json.dumps({"ANSIBLE_MODULE_ARGS": dict(FAST, backend=backend, **args)})
+        module = "ansible_collections.remote_gpu.trainer.plugins.modules.gpu_health"
+        done = subprocess.run([sys.executable, "-m", module, payload], env=env, capture_output=True, text=True,
+                              timeout=120, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr + done.stdout
+        results[backend] = json.loads(done.stdout)
+    return results
+
+
+def verdict(result):
+    return result["status"], sorted((f["code"], f["gpu"], f.get("xid"), f.get("pci")) for f in result["findings"])
+
+
+def same_verdict(results):
+    nvml, smi = (verdict(results[backend]) for backend in ("nvml", "nvidia-smi"))
+    assert nvml == smi, [f["message"] for r in results.values() for f in r["findings"]]
+    return nvml
+
+
+SIM_BOOT = {"readable": True, "lines": ["[    5.300871] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15"]}
+
+
+def scenario_file(tmp_path, data):
+    path = tmp_path / "scenario.yml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_sim_a_lost_gpus_xid_is_attributed_to_it_by_both_backends(sim_dir):
+    status, found = same_verdict(through_both_backends(sim_dir, SCENARIOS / "xid79-fallen-off-bus.yml"))
+    assert status == "FAIL" and ("xid_hardware", 1, 79, "0000:28:00") in found
+    assert [f for f in found if f[0] == "gpu_lost"] == [("gpu_lost", 1, None, None)]
+
+
+def test_sim_another_tenants_xids_warn_through_both_backends(sim_dir):
+    status, found = same_verdict(through_both_backends(sim_dir, SCENARIOS / "shared-host-other-tenant-xid.yml"))
+    assert (status, found) == ("WARN", [
+        ("xid_other_gpu", None, 48, "0000:9b:00"),
+        ("xid_other_gpu", None, 63, "0000:9b:00"),
+        ("xid_other_gpu", None, 79, "0000:db:00"),
+    ])  # fmt: skip
+
+
+def test_sim_pcie_cards_without_a_bridge_pass_unless_nvlinks_are_expected(sim_dir):
+    scenario = SCENARIOS / "pcie-no-nvlink-bridge.yml"
+    assert same_verdict(through_both_backends(sim_dir, scenario)) == ("PASS", [])
+    status, found = same_verdict(through_both_backends(sim_dir, scenario, expected_nvlinks=12))
+    assert (status, found) == ("FAIL", [("nvlink_down", 0, None, None), ("nvlink_down", 1, None, None)])
+
+
+def test_sim_nvlink_down_among_active_and_expected_on_a_card_without_nvlink(sim_dir, tmp_path):
+    h100 = {"nvlinks": [{"active": True}] * 16 + [{"active": False}, {"active": True}]}
+    data = {"kernel_log": SIM_BOOT, "gpus": [h100, {"nvlinks": []}]}
+    path = scenario_file(tmp_path, data)
+    assert same_verdict(through_both_backends(sim_dir, path)) == ("FAIL", [("nvlink_down", 0, None, None)])
+    status, found = same_verdict(through_both_backends(sim_dir, path, expected_nvlinks=17))
+    assert (status, found) == ("FAIL", [("nvlink_down", 0, None, None), ("nvlink_down", 1, None, None)])
+
+
+def test_sim_no_gpus_is_only_a_count_mismatch_on_both_backends(sim_dir, tmp_path):
+    path = scenario_file(tmp_path, {"kernel_log": SIM_BOOT, "gpus": []})
+    assert same_verdict(through_both_backends(sim_dir, path)) == ("FAIL", [("gpu_count_mismatch", None, None, None)])
+
+
+def test_sim_unknown_per_process_memory_is_unknown_on_both_backends(sim_dir, tmp_path):
+    gpu = {"processes": [{"pid": 999999, "used_memory_mib": "not_available"}], "memory_mib": {"used": 30000}}
+    results = through_both_backends(sim_dir, scenario_file(tmp_path, {"kernel_log": SIM_BOOT, "gpus": [gpu]}))
+    assert same_verdict(results) == ("WARN", [("foreign_processes", 0, None, None)])
+    for result in results.values():
+        assert result["gpus"][0]["processes"] == [{"pid": 999999, "used_memory_mib": None, "visible": False}]
+        assert "per-process memory unknown" in result["findings"][0]["message"]

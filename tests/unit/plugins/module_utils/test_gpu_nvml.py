@@ -12,9 +12,14 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_nvml impor
     NvmlLibraryMissing,
     NvmlNoDriver,
 )
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._pci import same_gpu
 
 MIB = 1024 * 1024
-NOT_SUPPORTED_RC, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, FUNCTION_NOT_FOUND, GPU_IS_LOST = 3, 9, 12, 13, 15
+NOT_SUPPORTED_RC, NOT_FOUND, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, FUNCTION_NOT_FOUND, GPU_IS_LOST = 3, 6, 9, 12, 13, 15
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class NVMLError(Exception):
@@ -66,6 +71,16 @@ class StubNvml:
 
     def nvmlDeviceGetHandleByIndex(self, index):
         return index
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id):
+        """As nvml.h documents it: GPU_IS_LOST for a lost GPU of this box, NOT_FOUND for any other address."""
+        self.calls.append(("by_bus", bus_id))
+        for index, gpu in enumerate(self.gpus):
+            if same_gpu(_text(gpu.get("bus", b"")), _text(bus_id)):
+                if gpu.get("lost"):
+                    raise NVMLError(GPU_IS_LOST)
+                return index
+        raise NVMLError(NOT_FOUND)
 
     def nvmlDeviceGetName(self, h):
         return self._get(h, "name")

@@ -9,11 +9,8 @@ import pytest
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _gpu_smi as smi
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _smi_parse as parse
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_checks import (
-    NOT_SUPPORTED,
-    normalize_bus_id,
-    reason_names,
-)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_checks import NOT_SUPPORTED, reason_names
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._pci import normalize_bus_id
 from ansible_collections.remote_gpu.trainer.tests.testpaths import CAPTURES
 
 Q_FULL = sorted((CAPTURES / "q_full").glob("*.txt"))
@@ -227,3 +224,31 @@ def test_backend_driver_not_loaded_and_missing_binary():
         smi.SmiBackend(ScriptedRunner([])).open()
     with pytest.raises(smi.SmiError, match="timed out"):
         smi.SmiBackend(ScriptedRunner([("-q", (124, "", ""))])).open()
+
+
+def test_nvlink_status_in_the_real_tools_shapes():
+    # Shapes seen in public reports: Azure/azhpc-diagnostics#73 (V100, links down among active ones),
+    # leptonai/gpud#1085 (all links inactive), canonical/checkbox#2727 (driver 595, a card without NVLink).
+    text = (
+        "GPU 0: Tesla V100-SXM2-32GB (UUID: GPU-a)\n"
+        "\t Link 0: 25.781 GB/s\n\t Link 1: <inactive>\n\t Link 2: 25.781 GB/s\n"
+        "GPU 1: NVIDIA A100 80GB PCIe (UUID: GPU-b)\n"
+        "NVML: Unable to retrieve NVLink information as all links are inActive\n"
+        "GPU 2: Quadro RTX 4000 with Max-Q Design (UUID: GPU-c)\n"
+        "Device does not have or support Nvlink\n"
+    )
+    assert parse.parse_nvlink_status(text) == {
+        0: [{"link": 0, "active": True}, {"link": 1, "active": False}, {"link": 2, "active": True}],
+        1: [],  # no link is active: judged like a card without NVLink (see _gpu_links)
+        2: [],
+    }
+    assert parse.parse_nvlink_status("") == {}  # drivers before 595 print nothing for a card without NVLink
+
+
+def test_unknown_per_process_memory_is_none():
+    text = (
+        CAPTURES / "compute_apps" / "nge__windows-x86_64__nvidia-geforce-rtx-2080-super__591.86__load.txt"
+    ).read_text()
+    fields = ("timestamp", "gpu_name", "gpu_bus_id", "gpu_serial", "gpu_uuid", "pid", "process_name", "used_gpu_memory")
+    (procs,) = parse.parse_compute_apps("\n".join(text.splitlines()[1:]), fields).values()
+    assert procs and all(proc["used_memory_mib"] is None for proc in procs)

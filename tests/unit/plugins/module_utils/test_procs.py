@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _procs
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _procs, _zombie_scan
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._vram_zombies import Proc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "zombies"))
 import harness
@@ -157,3 +158,18 @@ def test_read_gpus_without_nvml(monkeypatch):
     failing.nvmlInit = lambda: (_never for _never in ()).throw(failing.NVMLError("Driver Not Loaded"))
     monkeypatch.setattr(_procs, "pynvml", failing)
     assert _procs.read_gpus(1) == (None, "NVML unavailable: Driver Not Loaded")
+
+
+def test_one_identity_rule_for_signalling_and_for_verifying(monkeypatch):
+    victim = Proc(pid=4242, ppid=1, pgid=4240, sid=4240, uid=0, name="python", cmdline=("python", "w.py"),
+                  create_time=1000.0, devices=("/dev/nvidia0",))  # fmt: skip
+    assert _procs.same_process(victim, 1000.004, ["python", "w.py"])  # psutil's create-time jitter
+    assert not _procs.same_process(victim, 1000.02, ["python", "w.py"])
+    assert not _procs.same_process(victim, 1000.0, ["python", "other.py"])
+    # The reaped process seen again with a jittered create time still holds the device: a failure, not a kill.
+    jittered = Proc(**dict(vars(victim), create_time=1000.004))
+    monkeypatch.setattr(_procs, "read_process_table", lambda: ({4242: jittered}, {}))
+    killed, failed = [{"pid": 4242, "name": "python", "signal": "SIGKILL"}], []
+    assert _zombie_scan._verify(killed, {4242: victim}, failed) is False
+    assert killed == []
+    assert failed == [{"pid": 4242, "name": "python", "error": "still holds a device after the signal"}]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
+from datetime import datetime, timezone
 from typing import Any, Dict, List
 
 import pytest
@@ -93,9 +96,12 @@ def test_orphaned_workers_and_their_dataloader_are_candidates_the_live_run_is_no
     assert verdicts[101].orphaned is True
     assert verdicts[103].orphaned is False  # its parent 101 lives; the abandoned tree is what convicts it
     assert "ancestor 101" in verdicts[103].reason
-    assert "group leader 100" in verdicts[101].reason
+    assert verdicts[101].reason == (
+        "orphaned (parent is init) and its process group 100 and session 100 hold no live process but candidates;"
+        " age 3600s"
+    )
     assert verdicts[201].protected_by is None
-    assert "parent 200 is alive" in verdicts[201].reason
+    assert verdicts[201].reason == "its ancestor 200 (bash run_queue.sh) is alive"
 
 
 def test_module_process_and_its_ancestors_are_protected():
@@ -146,17 +152,21 @@ def test_launcher_alive_means_workers_are_not_orphans_of_a_dead_launch():
     launcher = proc(100, 1, 100, 100, devices=(), cmd="torchrun train.py")
     verdicts = judge(table_of(BASE, CRASHED, [launcher]))
     assert candidates(verdicts) == []
-    assert verdicts[101].reason == "orphaned but its launcher, group leader 100, is alive"
-    assert verdicts[103].reason == "parent 101 is alive and not an abandoned orphan"
+    leader = "its process group 100 has a live member 100 (torchrun train.py) that is not a candidate"
+    assert verdicts[101].reason == verdicts[103].reason == leader
 
 
 def test_detached_group_leader_is_not_a_candidate():
     # nohup/setsid job: reparented to init but leads its own group, and is not registered.
     detached = proc(400, 1, 400, 400)
-    verdicts = judge(table_of(BASE, [detached]))
+    loader = proc(401, 400, 400, 400, devices=("/dev/nvidia1",))  # on a GPU of its own, idle
+    verdicts = judge(table_of(BASE, [detached, loader]), gpus=[gpu(0, util=(90,)), gpu(1, util=(0,))])
     assert verdicts[400].orphaned is True
     assert not verdicts[400].candidate
     assert "detached on purpose" in verdicts[400].reason
+    # The spared leader is alive, so its dataloader is no candidate either (the fixpoint drops it later).
+    assert candidates(verdicts) == []
+    assert verdicts[401].reason == "its ancestor 400 (python train.py) is alive"
 
 
 def test_parent_outside_the_namespace_is_not_orphaned():
@@ -212,10 +222,12 @@ def test_protections():
     by_pid = judge(table, protect_pids=[101, 999999])
     assert by_pid[101].protected_by == "protect_pids"
     assert by_pid[103].protected_by == "protect_pids (descendant of 101)"
-    assert candidates(by_pid) == [102]
+    # A protected process stays alive, so the rest of its process group may still be its job.
+    assert candidates(by_pid) == []
+    assert by_pid[102].reason.startswith("its process group 100 has a live member 101 (")
     by_pattern = judge(table, protect_patterns=[re.compile(r"--local-rank 1$")])
     assert by_pattern[102].protected_by == "protect_patterns '--local-rank 1$'"
-    assert candidates(by_pattern) == [101, 103]
+    assert candidates(by_pattern) == []
 
 
 def test_gpus_of_maps_device_minors_through_nvml():
@@ -254,7 +266,6 @@ def test_parse_run_rejects_bad_fields(document, message):
 
 def test_read_run_registry_reports_bad_files_and_keeps_good_ones(tmp_path):
     assert read_run_registry(None) == ([], [])
-    assert read_run_registry(str(tmp_path / "absent")) == ([], [])
     for name, text in {"good": json.dumps({"pgid": 77}), "torn": '{"pgid": 7', "bad": '{"pgid": 1}'}.items():
         (tmp_path / "runs" / name).mkdir(parents=True)
         (tmp_path / "runs" / name / "run.json").write_text(text)
@@ -263,3 +274,172 @@ def test_read_run_registry_reports_bad_files_and_keeps_good_ones(tmp_path):
     assert len(problems) == 2
     assert problems[0].startswith(str(tmp_path / "runs" / "bad" / "run.json") + ": pgid must be")
     assert problems[1].startswith(str(tmp_path / "runs" / "torn" / "run.json") + ": ")
+
+
+# Issue 7 item 1: a holder is never a candidate while a live process on its ancestor chain (other than init and
+# the subreapers), or a live non-candidate in its process group or session, may still be its job.
+
+
+def test_nohup_launcher_without_setsid_protects_its_workers():
+    # `nohup python3 launcher.py &` from `sh -c`: the shell (690) exited, the launcher sits under init in the
+    # shell's old group and session, whose leader is gone. Its workers must not look abandoned.
+    job = [
+        proc(700, 1, 690, 690, devices=(), cmd="python3 launcher.py"),
+        proc(701, 700, 690, 690, cmd="python3 launcher.py --worker 0"),
+        proc(702, 700, 690, 690, cmd="python3 launcher.py --worker 1"),
+    ]
+    verdicts = judge(table_of(BASE, job))
+    assert candidates(verdicts) == []
+    assert verdicts[701].reason == "its ancestor 700 (python3 launcher.py) is alive"
+    assert verdicts[701].rules == [] and verdicts[701].protected_by is None
+
+
+def test_cd_and_setsid_leftover_shell_under_init_protects_the_live_launcher_tree():
+    # `cd /tmp && setsid python3 launcher.py &` under bash: the &&-list's shell (800) waits under init, the
+    # launcher (801) leads a new session, its workers hold the GPU.
+    job = [
+        proc(800, 1, 790, 790, devices=(), cmd="bash -c cd /tmp && setsid python3 launcher.py &"),
+        proc(801, 800, 801, 801, devices=(), cmd="python3 launcher.py"),
+        proc(802, 801, 801, 801, cmd="python3 launcher.py --worker 0"),
+        proc(803, 802, 801, 801, cmd="python3 launcher.py --dataloader 0"),
+    ]
+    verdicts = judge(table_of(BASE, job))
+    assert candidates(verdicts) == []
+    assert verdicts[802].reason == "its ancestor 801 (python3 launcher.py) is alive"
+    # Named is the nearest ancestor that can never be a candidate: the launcher, not the worker holder.
+    assert verdicts[803].reason == "its ancestor 801 (python3 launcher.py) is alive"
+
+
+def test_orphaned_workers_and_dataloaders_are_reaped_together():
+    verdicts = judge(table_of(BASE, CRASHED))
+    assert candidates(verdicts) == [101, 102, 103]
+    assert verdicts[103].rules == ["orphaned", "old"]
+    assert verdicts[103].reason.startswith("its ancestor 101 is orphaned (parent is init)")
+
+
+def test_a_live_non_candidate_in_the_session_or_group_protects_the_orphans():
+    watcher = proc(105, 1, 105, 100, devices=(), cmd="tail -f train.log")
+    verdicts = judge(table_of(BASE, CRASHED, [watcher]))
+    assert candidates(verdicts) == []
+    watched = "its session 100 has a live member 105 (tail -f train.log) that is not a candidate"
+    assert verdicts[101].reason == verdicts[103].reason == watched
+    # A holder too young to judge is not a candidate either, so it protects its group.
+    young = proc(104, 1, 100, 100, born=NOW - 5, cmd="python train.py --local-rank 2")
+    verdicts = judge(table_of(BASE, CRASHED, [young]))
+    assert candidates(verdicts) == []
+    assert verdicts[102].reason == (
+        "its process group 100 has a live member 104 (python train.py --local-rank 2) that is not a candidate"
+    )
+    # A defunct member is dead: it protects nothing.
+    assert candidates(judge(table_of(BASE, CRASHED, [proc(106, 1, 100, 100, devices=(), defunct=True)]))) == [
+        101,
+        102,
+        103,
+    ]
+
+
+def test_init_in_the_same_session_is_a_live_member():
+    # `docker run image python launcher.py`: the launcher is PID 1 and its workers' parent.
+    init_launcher = proc(1, 0, 1, 1, devices=(), cmd="python launcher.py")
+    workers = [proc(2, 1, 1, 1), proc(3, 1, 1, 1)]
+    verdicts = judge(table_of([init_launcher], workers), self_pid=999)
+    assert candidates(verdicts) == []
+    assert verdicts[2].orphaned is True
+    assert verdicts[2].reason == "its process group 1 has a live member 1 (python launcher.py) that is not a candidate"
+
+
+def test_subreaper_parent_counts_as_init():
+    # `systemd --user` adopted the workers of a crashed launcher.
+    subreaper = proc(50, 1, 50, 50, devices=(), cmd="/lib/systemd/systemd --user")
+    orphans = [proc(51, 50, 49, 49), proc(52, 51, 49, 49)]
+    table = table_of(BASE, [subreaper], orphans)
+    verdicts = judge(table)
+    assert candidates(verdicts) == []
+    assert verdicts[51].reason == "its ancestor 50 (/lib/systemd/systemd --user) is alive"
+    verdicts = judge(table, subreaper_patterns=[re.compile(r"systemd --user$")])
+    assert candidates(verdicts) == [51, 52]
+    assert verdicts[51].orphaned is True and verdicts[51].rules == ["orphaned", "old"]
+    assert verdicts[51].reason.startswith("orphaned (parent 50 is a subreaper)")
+
+
+def test_subreaper_sharing_the_session_does_not_protect():
+    # tini as init: the crashed launcher's workers are in tini's session, and tini adopted them.
+    tini = proc(1, 0, 1, 1, devices=(), cmd="/sbin/tini -- python launcher.py")
+    orphans = [proc(7, 1, 6, 1), proc(8, 1, 6, 1)]
+    assert candidates(judge(table_of([tini], orphans), self_pid=999)) == []
+    verdicts = judge(table_of([tini], orphans), self_pid=999, subreaper_patterns=[re.compile(r"^/sbin/tini ")])
+    assert candidates(verdicts) == [7, 8]
+
+
+def test_parent_outside_the_namespace_protects_even_a_dead_runs_member():
+    exec_child = proc(500, 0, 300, 300)
+    run = Run(name="old", path="x", pgid=300, sid=300)
+    verdicts = judge(table_of(BASE, [exec_child]), runs=[run])
+    assert candidates(verdicts) == []
+    assert verdicts[500].reason == "its parent is outside this PID namespace (PPID 0)"
+
+
+def test_unreadable_ancestor_protects():
+    lost = proc(900, 899, 898, 898)  # 899 is missing from the table (exited or unreadable during the scan)
+    verdicts = judge(table_of(BASE, [lost]), runs=[Run(name="old", path="x", pgid=898)])
+    assert candidates(verdicts) == []
+    assert verdicts[900].reason == "its ancestor 899 is not in the process table: it may be alive"
+
+
+# Issue 7 item 2: a run.json started_at without an offset is the box's local time.
+
+
+@pytest.fixture
+def west_of_utc():
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "America/Los_Angeles"
+    time.tzset()
+    yield
+    if before is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = before
+    time.tzset()
+
+
+def test_naive_started_at_is_local_time(west_of_utc):
+    assert parse_run("d", "p", {"pgid": 5, "started_at": "1970-01-02T00:00:00"}).started_at == 86400.0 + 8 * 3600
+    assert parse_run("d", "p", {"pgid": 5, "started_at": "1970-01-02T00:00:00Z"}).started_at == 86400.0
+    # A launcher born when the run started (local wall clock 2024-06-01 10:00, UTC-7) keeps the run live.
+    born = datetime(2024, 6, 1, 17, 0, tzinfo=timezone.utc).timestamp()
+    launcher = proc(300, 1, 300, 300, devices=(), born=born)
+    run = parse_run("live", "p", {"pgid": 300, "started_at": "2024-06-01T10:00:00"})
+    assert run_is_live(run, table_of(BASE, [launcher])) is True
+
+
+# Issue 7 item 11: a data_dir that is missing or not a directory is a registry problem, not an empty registry.
+
+
+def test_read_run_registry_reports_a_missing_or_non_directory_data_dir(tmp_path):
+    runs, problems = read_run_registry(str(tmp_path / "absent"))
+    assert runs == []
+    assert problems == [f"data_dir {tmp_path / 'absent'}: not found, so the run registry could not be read"]
+    (tmp_path / "file").write_text("")
+    assert read_run_registry(str(tmp_path / "file"))[1] == [
+        f"data_dir {tmp_path / 'file'}: not a directory, so the run registry could not be read"
+    ]
+    (tmp_path / "empty").mkdir()
+    assert read_run_registry(str(tmp_path / "empty")) == ([], [])
+    (tmp_path / "flat" / "runs").parent.mkdir()
+    (tmp_path / "flat" / "runs").write_text("")
+    assert read_run_registry(str(tmp_path / "flat"))[1] == [
+        f"{tmp_path / 'flat' / 'runs'}: not a directory, so the run registry could not be read"
+    ]
+
+
+def test_a_hung_data_dir_is_a_registry_problem_within_the_deadline(tmp_path, monkeypatch):
+    # A dead network mount blocks listdir in the kernel; the registry read must give up, not hang with it.
+    (tmp_path / "runs").mkdir()
+    monkeypatch.setattr(os, "listdir", lambda path: time.sleep(60))  # inherited by the forked reader
+    started = time.monotonic()
+    runs, problems = read_run_registry(str(tmp_path), timeout_s=0.5)
+    assert time.monotonic() - started < 5
+    assert runs == []
+    assert problems == [
+        f"data_dir {tmp_path}: did not answer within 0.5 s (a hung mount?), so the run registry could not be read"
+    ]

@@ -7,8 +7,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _xid
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _pci, _xid
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import ACTIONS, status_of
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._xid_findings import pci_to_gpu_index, xid_findings
 from ansible_collections.remote_gpu.trainer.tests.testpaths import CAPTURES
 
 KMSG = CAPTURES / "kmsg"
@@ -89,17 +90,17 @@ def test_informational_xids_raise_no_finding():
     ],
 )
 def test_normalize_pci(address, normalized):
-    assert _xid.normalize_pci(address) == normalized
+    assert _pci.kernel_pci(address) == normalized
 
 
 def test_pci_to_gpu_index_accepts_every_form():
     bus_ids = {0: "00000000:18:00.0", 1: "00000000:2A:00.0", 2: "00000001:18:00.0"}
-    assert _xid.pci_to_gpu_index("0000:18:00", bus_ids) == 0
-    assert _xid.pci_to_gpu_index("PCI:0000:2a:00", bus_ids) == 1
-    assert _xid.pci_to_gpu_index("0001:18:00", bus_ids) == 2
-    assert _xid.pci_to_gpu_index("2a:00.0", bus_ids) == 1
-    assert _xid.pci_to_gpu_index("18:00.0", bus_ids) is None  # two domains have bus 18: ambiguous
-    assert _xid.pci_to_gpu_index("0000:3b:00", bus_ids) is None
+    assert pci_to_gpu_index("0000:18:00", bus_ids) == 0
+    assert pci_to_gpu_index("PCI:0000:2a:00", bus_ids) == 1
+    assert pci_to_gpu_index("0001:18:00", bus_ids) == 2
+    assert pci_to_gpu_index("2a:00.0", bus_ids) == 1
+    assert pci_to_gpu_index("18:00.0", bus_ids) is None  # two domains have bus 18: ambiguous
+    assert pci_to_gpu_index("0000:3b:00", bus_ids) is None
 
 
 # --- real captures -------------------------------------------------------------------------------------------------
@@ -290,7 +291,7 @@ BUS_IDS = {0: "00000000:18:00.0", 1: "00000000:38:00.0"}
 
 
 def test_findings_for_the_xid13_xid43_capture():
-    findings = _xid.xid_findings(parse_capture("gpud__dmesg-decode-iso__xid13-xid43.log"), BUS_IDS)
+    findings = xid_findings(parse_capture("gpud__dmesg-decode-iso__xid13-xid43.log"), BUS_IDS)
     assert [(f["code"], f["level"], f["gpu"], f["xid"], f["count"]) for f in findings] == [
         ("xid_application", "WARN", 1, 13, 629),
         ("xid_application", "WARN", 1, 43, 7),
@@ -303,7 +304,7 @@ def test_findings_for_the_xid13_xid43_capture():
 
 
 def test_findings_for_hardware_xids_fail_on_an_unmapped_gpu():
-    findings = _xid.xid_findings(parse_capture("gpud__dmesg-iso__xid48-63-94-peermem.log"), BUS_IDS)
+    findings = xid_findings(parse_capture("gpud__dmesg-iso__xid48-63-94-peermem.log"), BUS_IDS)
     assert {(f["code"], f["xid"], f["gpu"], f["pci"]) for f in findings} == {
         ("xid_hardware", 48, None, "0000:19:00"),
         ("xid_hardware", 63, None, "0000:19:00"),
@@ -320,7 +321,7 @@ def test_xid79_and_fallen_off_bus_block_give_one_gpu_lost():
         "[ 5.0] NVRM: fallen off the bus and is not responding to commands.",
         f"[ 9.0] {XID79_TAIL}",
     ]
-    findings = _xid.xid_findings(_xid.parse_kernel_log(lines), BUS_IDS)
+    findings = xid_findings(_xid.parse_kernel_log(lines), BUS_IDS)
     assert sorted((f["code"], f["level"], f["gpu"], f["xid"], f["count"], f["action"]) for f in findings) == [
         ("gpu_lost", "FAIL", 0, 79, 2, "re_rent"),
         ("xid_hardware", "FAIL", 0, 79, 1, "re_rent"),
@@ -329,7 +330,7 @@ def test_xid79_and_fallen_off_bus_block_give_one_gpu_lost():
 
 def test_unknown_and_informational_codes():
     lines = ["[ 1.0] NVRM: Xid (PCI:0000:18:00): 999, something new", "[ 1.0] NVRM: Xid (PCI:0000:18:00): 141, x"]
-    findings = _xid.xid_findings(_xid.parse_kernel_log(lines), BUS_IDS)
+    findings = xid_findings(_xid.parse_kernel_log(lines), BUS_IDS)
     assert [(f["code"], f["level"], f["action"], f["kind"]) for f in findings] == [
         ("xid_unknown", "WARN", "investigate", "unknown")
     ]
@@ -344,28 +345,26 @@ def test_since_ignores_older_events_exactly():
         )
     expected = sum(1 for stamp in stamps if stamp >= "2025-01-21T03:00:00")
     assert 0 < expected < 629
-    findings = _xid.xid_findings(parse_capture(path.name, max_per_key=1000), BUS_IDS, since=since)
+    findings = xid_findings(parse_capture(path.name, max_per_key=1000), BUS_IDS, since=since)
     assert {f["xid"]: f["count"] for f in findings}[13] == expected
     assert all(f["first_seen"] >= "2025-01-21T03:00:00+00:00" for f in findings)
 
 
 def test_since_after_everything_leaves_no_findings():
     events = parse_capture("gpud__dmesg-decode-iso__xid13-xid43.log")
-    assert _xid.xid_findings(events, BUS_IDS, since=datetime(2026, 1, 1, tzinfo=UTC)) == []
+    assert xid_findings(events, BUS_IDS, since=datetime(2026, 1, 1, tzinfo=UTC)) == []
 
 
 def test_folded_group_counts_in_full_when_its_newest_event_is_recent():
     events = parse_capture("gpud__dmesg-decode-iso__xid13-xid43.log", max_per_key=3)
-    findings = _xid.xid_findings(events, BUS_IDS, since=datetime(2025, 1, 21, 3, 0, tzinfo=UTC))
+    findings = xid_findings(events, BUS_IDS, since=datetime(2025, 1, 21, 3, 0, tzinfo=UTC))
     assert {f["xid"]: f["count"] for f in findings}[13] == 629 - 2
 
 
 def test_uptime_events_are_dated_with_boot_time():
     lines = [f"[ 30.0] {XID79_TAIL}", "[ 100.0] NVRM: Xid (PCI:0000:38:00): 48, pid=1, name=python, DBE"]
     boot = datetime(2025, 1, 1, tzinfo=UTC)
-    findings = _xid.xid_findings(
-        _xid.parse_kernel_log(lines), BUS_IDS, since=boot + timedelta(seconds=60), boot_time=boot
-    )
+    findings = xid_findings(_xid.parse_kernel_log(lines), BUS_IDS, since=boot + timedelta(seconds=60), boot_time=boot)
     assert [(f["code"], f["gpu"], f["first_seen"]) for f in findings] == [
         ("xid_hardware", 1, "2025-01-01T00:01:40+00:00")
     ]
@@ -373,20 +372,50 @@ def test_uptime_events_are_dated_with_boot_time():
 
 def test_undated_events_are_kept_when_since_is_given():
     events = parse_capture("ml-engineering__xid63-row-remapper__a100-510.73.08__single-line.log")
-    findings = _xid.xid_findings(events, {}, since=datetime(2030, 1, 1, tzinfo=UTC))
+    findings = xid_findings(events, {}, since=datetime(2030, 1, 1, tzinfo=UTC))
     assert [(f["code"], f["xid"], f["first_seen"], f["gpu"]) for f in findings] == [("xid_hardware", 63, None, None)]
     assert "unknown time" in findings[0]["message"]
 
 
 def test_uptime_events_without_boot_time_are_kept():
-    findings = _xid.xid_findings(
+    findings = xid_findings(
         _xid.parse_kernel_log([f"[ 30.0] {XID79_TAIL}"]), BUS_IDS, since=datetime(2030, 1, 1, tzinfo=UTC)
     )
     assert sorted((f["code"], f["first_seen"]) for f in findings) == [("gpu_lost", None), ("xid_hardware", None)]
     assert all("30 s after boot" in f["message"] for f in findings)
 
 
+# A container on a shared 8-GPU host that can read the host's kernel log: this box has GPUs 18 and 38.
+OTHER_TENANT = [
+    "[ 1.0] NVRM: Xid (PCI:0000:b8:00): 48, pid=901, name=python, An uncorrectable double bit error",
+    "[ 2.0] NVRM: Xid (PCI:0000:b8:00): 13, pid=901, name=python, Graphics Exception",
+    "[ 3.0] NVRM: Xid (PCI:0000:c8:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+]
+
+
+def test_xids_of_another_tenants_gpu_are_one_warning_each_not_a_failure():
+    findings = xid_findings(_xid.parse_kernel_log(OTHER_TENANT), BUS_IDS, complete=True)
+    assert [(f["code"], f["level"], f["action"], f["gpu"], f["pci"], f["xid"]) for f in findings] == [
+        ("xid_other_gpu", "WARN", "investigate", None, "0000:b8:00", 48),
+        ("xid_other_gpu", "WARN", "investigate", None, "0000:c8:00", 79),
+    ]  # the other tenant's own application fault (Xid 13) says nothing about this host or box
+    assert "not one of this box's GPUs" in findings[0]["message"] and status_of(findings) == "WARN"
+
+
+def test_an_unmapped_address_still_fails_when_the_box_may_own_it():
+    # Without a complete list of this box's addresses (a lost GPU NVML could not name), it may be ours.
+    findings = xid_findings(_xid.parse_kernel_log(OTHER_TENANT), BUS_IDS)
+    assert {(f["code"], f["xid"]) for f in findings} >= {("xid_hardware", 48), ("gpu_lost", 79)}
+
+
+def test_own_gpu_xid_is_attributed_whatever_the_spelling_of_its_address():
+    lines = ["[ 1.0] NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=python, DBE"]
+    for bus_id in ("00000000:3B:00.0", "0000:3b:00.0", "00000000:3b:00.0"):
+        (found,) = xid_findings(_xid.parse_kernel_log(lines), {0: bus_id}, complete=True)
+        assert (found["code"], found["gpu"]) == ("xid_hardware", 0)
+
+
 def test_findings_are_sorted_fail_first():
     lines = ["[ 1.0] NVRM: Xid (PCI:0000:18:00): 13, a", "[ 2.0] NVRM: Xid (PCI:0000:38:00): 48, b"]
-    findings = _xid.xid_findings(_xid.parse_kernel_log(lines), BUS_IDS)
+    findings = xid_findings(_xid.parse_kernel_log(lines), BUS_IDS)
     assert [(f["level"], f["gpu"]) for f in findings] == [("FAIL", 1), ("WARN", 0)]

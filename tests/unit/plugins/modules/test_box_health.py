@@ -47,7 +47,9 @@ def test_missing_durable_dir_fails_with_finding_not_error(tmp_path, capsys):
 
 
 def test_checkpoint_budget_and_memory_minimum(tmp_path, capsys):
-    code, result = run_module(capsys, {"data_dir": str(tmp_path), "checkpoint_budget_gb": 1e9, "min_memory_gb": 1e9})
+    code, result = run_module(
+        capsys, {"data_dir": str(tmp_path), "checkpoint_budget_gb": 1048576, "min_memory_gb": 1048576}
+    )
     assert code == 0
     found = {f["code"]: f["level"] for f in result["findings"]}
     assert found["checkpoint_budget_exceeded"] == "FAIL"

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -92,7 +96,8 @@ def test_a_corrupt_registry_refuses_to_kill_but_still_reports(box, capsys, monke
 
 
 def test_kill_reaps_only_the_crashed_run_and_a_second_run_is_clean(box, capsys):
-    _code, result = result_of(capsys, dict(box["args"], kill=True, protect_pids=[4194304 + 17]))
+    # 4194304 is pid_max's ceiling, so no process has it: a protected PID that does not exist is ignored.
+    _code, result = result_of(capsys, dict(box["args"], kill=True, protect_pids=[4194304]))
     assert result["changed"] is True
     assert result["status"] == "reaped"
     assert sorted(k["pid"] for k in result["killed"]) == box["crashed"]["holders"]
@@ -118,7 +123,116 @@ def test_invalid_pattern_is_a_clear_error(capsys):
     assert result["msg"].startswith("protect_patterns: invalid regular expression '(unclosed'")
 
 
+def test_invalid_subreaper_pattern_is_a_clear_error(capsys):
+    code, result = result_of(capsys, {"subreaper_patterns": ["[z-a]"]})
+    assert code == 1
+    assert result["msg"].startswith("subreaper_patterns: invalid regular expression '[z-a]'")
+
+
+SUBREAPER = (
+    "import ctypes, signal, subprocess, sys, time; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); "  # PR_SET_CHILD_SUBREAPER
+    "signal.signal(signal.SIGCHLD, signal.SIG_IGN); subprocess.Popen(sys.argv[1:]); time.sleep(3600)"
+)
+
+
+def test_orphans_adopted_by_a_configured_subreaper_are_reaped(tmp_path, monkeypatch, capsys):
+    node = tmp_path / "nvidia0"
+    node.write_bytes(b"")
+    monkeypatch.setattr(_procs, "DEVICE_PATTERN", re.compile("^" + re.escape(str(node)) + "$"))
+    state = tmp_path / "job.json"
+    job = f"{harness.FAKE_JOB} launch --device {node} --workers 2 --state {state}"
+    script = f"{shlex.quote(sys.executable)} -c {shlex.quote(SUBREAPER)} {sys.executable} {job} & sleep 0"
+    try:
+        crashed = harness.start_shell_job(_background(script, state), state)
+        subreaper = harness.parent_of(crashed["launcher"])
+        os.kill(crashed["launcher"], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while harness.parent_of(crashed["workers"][0]) != subreaper and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert harness.parent_of(crashed["workers"][0]) == subreaper
+        args = {"kill": True, "min_age_s": 0, "observe_s": 0, "grace_s": 2}
+        _code, spared = result_of(capsys, args)
+        assert spared["killed"] == [] and all(harness.alive(pid) for pid in crashed["workers"])
+        ours = {h["pid"]: h for h in spared["holders"] if h["pid"] in crashed["workers"]}
+        assert all(h["reason"].startswith(f"its ancestor {subreaper} (") for h in ours.values())
+        _code, reaped = result_of(capsys, dict(args, subreaper_patterns=[r"prctl\(36, 1, "]))
+        assert sorted(k["pid"] for k in reaped["killed"]) == crashed["workers"]
+        assert not any(harness.alive(pid) for pid in crashed["workers"])
+    finally:
+        harness.stop_all()
+
+
 def test_negative_durations_are_rejected(capsys):
     code, result = result_of(capsys, {"grace_s": -1})
     assert code == 1
-    assert result["msg"] == "grace_s must be 0 or more, not -1.0"
+    assert result["msg"] == "grace_s must be a finite number between 0 and 3600, got -1.0"
+
+
+def _background(command: str, state: Path) -> str:
+    """Shell text that starts ``command`` in the background and returns once its state file exists (<= 20 s)."""
+    wait = f"i=0; while [ ! -e {shlex.quote(str(state))} ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done"
+    return f"exec >/dev/null 2>&1 </dev/null; {command} & {wait}"
+
+
+@pytest.fixture
+def shell_jobs(tmp_path, monkeypatch):
+    """Live jobs started from a shell that then exited, beside an unregistered job whose launcher crashed."""
+    node = tmp_path / "nvidia0"
+    node.write_bytes(b"")
+    monkeypatch.setattr(_procs, "DEVICE_PATTERN", re.compile("^" + re.escape(str(node)) + "$"))
+    job = f"{shlex.quote(sys.executable)} {shlex.quote(str(harness.FAKE_JOB))} launch --device {shlex.quote(str(node))}"
+    nohup_state, setsid_state = tmp_path / "nohup.json", tmp_path / "setsid.json"
+    nohup = harness.start_shell_job(
+        _background(f"nohup {job} --keep-session --workers 2 --state {shlex.quote(str(nohup_state))}", nohup_state),
+        nohup_state,
+    )
+    setsid = harness.start_shell_job(
+        _background(
+            f"cd /tmp && setsid {job} --workers 2 --dataloaders --state {shlex.quote(str(setsid_state))}", setsid_state
+        ),
+        setsid_state,
+        shell="bash",  # bash keeps the &&-list's shell, waiting for setsid, as on a real box
+    )
+    crashed = harness.start_job(tmp_path / "crashed.json", node, "--workers", "2", "--dataloaders")
+    harness.kill_launcher(crashed)
+    yield {"nohup": nohup, "setsid": setsid, "crashed": crashed}
+    harness.stop_all()
+
+
+def test_live_jobs_without_a_live_group_leader_survive_a_kill(shell_jobs, capsys):
+    nohup, setsid, crashed = shell_jobs["nohup"], shell_jobs["setsid"], shell_jobs["crashed"]
+    # The shapes issue 7 describes: the nohup launcher leads no group, the setsid launcher's parent is the
+    # &&-list's leftover shell.
+    assert nohup["pgid"] != nohup["launcher"] and harness.alive(nohup["launcher"])
+    leftover = harness.parent_of(setsid["launcher"])
+    assert leftover != 1 and harness.alive(leftover)
+    _code, result = result_of(capsys, {"kill": True, "min_age_s": 0, "observe_s": 0, "grace_s": 2})
+    assert sorted(k["pid"] for k in result["killed"]) == crashed["holders"]
+    assert result["status"] == "reaped"
+    holders = {h["pid"]: h for h in result["holders"]}
+    for job in (nohup, setsid):
+        assert all(harness.alive(pid) for pid in [job["launcher"], *job["holders"]])
+        assert not any(holders[pid]["candidate"] for pid in job["holders"])
+    assert holders[nohup["workers"][0]]["reason"].startswith(f"its ancestor {nohup['launcher']} (")
+    assert holders[setsid["workers"][0]]["reason"].startswith(f"its ancestor {setsid['launcher']} (")
+
+
+def test_every_candidate_skipped_is_not_reaped(box, capsys, monkeypatch):
+    monkeypatch.setattr(_procs, "_same_process", lambda _proc: None)  # every PID now names another process
+    _code, result = result_of(capsys, dict(box["args"], kill=True))
+    assert sorted(s["pid"] for s in result["skipped"]) == box["crashed"]["holders"]
+    assert result["killed"] == [] and result["changed"] is False and result["verification"] is None
+    assert result["status"] == "candidates"
+    assert result["findings"][0]["code"] == "vram_zombies"
+    assert all(harness.alive(pid) for pid in box["crashed"]["holders"])
+
+
+def test_a_missing_data_dir_is_reported_and_refuses_to_kill(box, capsys, tmp_path):
+    missing = tmp_path / "nonexistent"
+    _code, result = result_of(capsys, dict(box["args"], data_dir=str(missing), kill=True))
+    assert result["registry_problems"] == [f"data_dir {missing}: not found, so the run registry could not be read"]
+    assert str(missing) in result["kill_refused"] and result["changed"] is False
+    assert all(harness.alive(pid) for pid in box["crashed"]["holders"])
+    harness.stop_all()  # with no holder left, a missing registry still says so
+    _code, clean = result_of(capsys, {"data_dir": str(missing), "min_age_s": 0, "observe_s": 0})
+    assert clean["status"] == "clean" and clean["registry_problems"] == result["registry_problems"]
