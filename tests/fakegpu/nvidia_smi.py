@@ -2,14 +2,16 @@
 
 Supported: ``-L``; ``--query-gpu=... --format=csv[,noheader][,nounits]``; ``--query-compute-apps=...``;
 ``-q`` and ``-q -d LIST``; ``-i/--id LIST`` (indexes, UUIDs or PCI bus ids); ``nvlink -s``; ``dmon``
-(default columns, ``-c N``); the plain table. Timeline entries count from the first simulated-GPU call of
-the process that runs this one (see _clock.py).
+(default columns, ``-c N``, ``-d SECONDS``, paced like the real tool); the plain table. Timeline entries count
+from the first simulated-GPU call of the process that runs this one (see _clock.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import signal
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -21,7 +23,7 @@ import _smi_qlog as qlog
 from _clock import elapsed_for
 from _smi_fields import EXIT_GPU_LOST, lost_message
 from _smi_table import table
-from scenario import ScenarioError, load, state_at
+from scenario import NOT_AVAILABLE, ScenarioError, load, state_at
 
 DRIVER_NOT_LOADED = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -44,6 +46,9 @@ COMPUTE_APP_FIELDS = {
     "used_memory": "MiB",
 }
 NVLINK_SPEED = "26.562 GB/s"  # per-link speed an NVLink4 (H100) link reports
+NVLINK_ALL_INACTIVE = "NVML: Unable to retrieve NVLink information as all links are inActive"
+NVLINK_UNSUPPORTED = "Device does not have or support Nvlink"
+NVLINK_UNSUPPORTED_LINE_SINCE = 595  # 580 printed nothing for such a card, 595 prints the line
 
 
 class UsageError(Exception):
@@ -80,7 +85,7 @@ def parse_args(argv: List[str]) -> Dict[str, Any]:
             opts["mode"] = "list"
         elif name in ("-q", "--query"):
             opts["mode"] = "query"
-        elif name in ("-d", "--display"):
+        elif name in ("-d", "--display") and opts["mode"] != "dmon":  # dmon's -d is its delay
             opts["displays"] = [item.strip().upper() for item in take().split(",") if item.strip()]
         elif name in ("-i", "--id"):
             opts["ids"] = [item.strip() for item in take().split(",") if item.strip()]
@@ -97,7 +102,9 @@ def parse_args(argv: List[str]) -> Dict[str, Any]:
         elif name in ("-c", "--count") and opts["mode"] == "dmon":
             opts["count"] = int(take())
         elif name in ("-d", "--delay") and opts["mode"] == "dmon":
-            take()
+            opts["delay"] = int(take())
+            if opts["delay"] < 1:
+                raise UsageError("Invalid delay: the collection interval is at least 1 second.")
         else:
             raise UsageError("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.")
     if opts["mode"] in ("query-gpu", "query-apps") and "csv" not in opts["format"]:
@@ -179,6 +186,8 @@ def query_apps(selected, opts: Dict[str, Any], now: float, out: List[str]) -> in
             continue
         for proc in gpu["processes"]:
             memory = str(proc["used_memory_mib"]) + (" MiB" if with_units else "")
+            if proc["used_memory_mib"] == NOT_AVAILABLE:
+                memory = fields.NA
             values = {
                 "timestamp": _timestamp_csv(now),
                 "gpu_name": gpu["name"],
@@ -212,33 +221,59 @@ def query_log(scenario: Dict[str, Any], selected, opts: Dict[str, Any], now: flo
     return code
 
 
-def nvlink_status(selected, out: List[str]) -> int:
+def nvlink_status(selected, driver_version: str, out: List[str]) -> int:
+    """The real tool's three shapes: per-link lines, the all-inactive line (links but no bridge or peer), and
+    for a card without NVLink nothing before driver 595, "Device does not have or support Nvlink" since."""
     code = 0
     for index, gpu in selected:
         if gpu["lost"]:
             out.append(lost_message(gpu))
             code = EXIT_GPU_LOST
             continue
-        out.append(f"GPU {index}: {gpu['name']} (UUID: {gpu['uuid']})")
+        header = f"GPU {index}: {gpu['name']} (UUID: {gpu['uuid']})"
+        if not gpu["nvlinks"]:
+            if qlog.driver_major(driver_version) >= NVLINK_UNSUPPORTED_LINE_SINCE:
+                out += [header, NVLINK_UNSUPPORTED]
+            continue
+        out.append(header)
+        if not any(link["active"] for link in gpu["nvlinks"]):
+            out.append(NVLINK_ALL_INACTIVE)
+            continue
         for number, link in enumerate(gpu["nvlinks"]):
             out.append(f"\t Link {number}: {NVLINK_SPEED if link['active'] else '<inactive>'}")
     return code
 
 
-def dmon(selected, opts: Dict[str, Any], out: List[str]) -> int:
+def dmon(scenario: Dict[str, Any], selected, opts: Dict[str, Any]) -> int:
+    """Stream samples as the real tool does: the header, the first sample at once, then one every ``-d`` seconds
+    (default 1) on a fixed schedule, each flushed when taken and read from the timeline state at its own moment;
+    without ``-c`` until killed."""
+    for number in (signal.SIGPIPE, signal.SIGINT):  # `dmon | head`, Ctrl-C: end quietly, no traceback
+        signal.signal(number, signal.SIG_DFL)
     columns = ["gpu", "pwr", "gtemp", "mtemp", "sm", "mem", "enc", "dec", "jpg", "ofa", "mclk", "pclk"]
     units = ["Idx", "W", "C", "C", "%", "%", "%", "%", "%", "%", "MHz", "MHz"]
-    out.append("# " + "".join(f"{name:>6} " for name in columns)[3:])
-    out.append("# " + "".join(f"{unit:>6} " for unit in units)[3:])
-    for _sample in range(opts["count"] or 1):
+    out = ["# " + "".join(f"{name:>6} " for name in columns)[3:], "# " + "".join(f"{unit:>6} " for unit in units)[3:]]
+    delay, count = opts.get("delay", 1), opts["count"]
+    started = time.monotonic()
+    sample = 0
+    while count is None or sample < count:
+        if sample:
+            time.sleep(max(0.0, started + sample * delay - time.monotonic()))
+            with contextlib.suppress(ScenarioError):  # a half-written file: keep sampling the last good one
+                scenario = load(os.environ.get("FAKEGPU_SCENARIO", ""))
+            selected = select_gpus(state_at(scenario, elapsed_for(os.getppid()))["gpus"], opts["ids"])
         for index, gpu in selected:
             if gpu["lost"]:
-                out.append(lost_message(gpu))
+                sys.stdout.write("".join(line + "\n" for line in [*out, lost_message(gpu)]))
                 return EXIT_GPU_LOST
             util, clocks = gpu["utilization_pct"], gpu["clocks_mhz"]
             values = [round(gpu["power_w"]["draw"]), gpu["temperature_c"], "-", util["gpu"], util["memory"]]
             values += [0, 0, 0, 0, clocks["mem"], clocks["sm"]]
             out.append(f"{index:>5} " + "".join(f"{value:>6} " for value in values))
+        sys.stdout.write("".join(line + "\n" for line in out))
+        sys.stdout.flush()
+        out = []
+        sample += 1
     return 0
 
 
@@ -276,9 +311,9 @@ def main(argv: List[str]) -> int:
     elif mode == "query":
         code = query_log(state, selected, opts, now, out)
     elif mode == "nvlink":
-        code = nvlink_status(selected, out)
+        code = nvlink_status(selected, state["driver"]["version"], out)
     elif mode == "dmon":
-        code = dmon(selected, opts, out)
+        return dmon(scenario, selected, opts)  # writes each sample itself, as it is taken
     else:
         code = table(state, selected, _timestamp_text(now), out)
     sys.stdout.write("".join(line + "\n" for line in out))

@@ -93,6 +93,13 @@ def _tail(path: str, lines: int = 15) -> str:
         return "(no log)"
 
 
+def box_visible_paths() -> list[str]:
+    """Directories the boxes must see at their own paths wherever they live (the box's private /tmp would hide a
+    checkout under /tmp): the simulator build embeds the python that built it and the simulator's sources, and
+    tests run the checkout's scripts and venv python on boxes."""
+    return [str(REPO), str(FAKEGPU), sys.prefix, sys.base_prefix]
+
+
 def default_names(scenarios: Sequence[str]) -> list[str]:
     """File stems, de-duplicated with -2, -3, ..."""
     names: list[str] = []
@@ -309,7 +316,7 @@ class Fleet:
                     f"warning: {host.name}: no writable memory cgroup here, memory_limit_mib ignored", file=sys.stderr
                 )
             environment = fleet_host.init_environment(
-                host, str(self.state_dir), self.simulator_dir / "bin", with_cgroup=cgroup is not None
+                host, str(self.state_dir), self.simulator_dir / "bin", cgroup is not None, box_visible_paths()
             )
             started[host.name] = fleet_host.start(host, environment)
             host.unshare_pid = started[host.name].pid

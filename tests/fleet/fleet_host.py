@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from fleet_procs import CGROUP_PREFIX, MARKER, SSHD_CONFIG
 
@@ -59,10 +59,11 @@ def under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix.rstrip("/") + "/")
 
 
-def keep_paths(state_dir: str) -> list[str]:
-    """Directories the box must see although a mask would hide them."""
-    wanted = [state_dir, *CONTROLLER_PYTHONS]
-    keep = [path for path in wanted if os.path.isdir(path) and any(under(path, mask) for mask in MASKED)]
+def keep_paths(wanted: Sequence[str]) -> list[str]:
+    """Directories the box must see although a mask would hide them, minus those inside another kept one."""
+    candidates = {os.path.abspath(path) for path in [*wanted, *CONTROLLER_PYTHONS]}
+    hidden = [path for path in candidates if os.path.isdir(path) and any(under(path, mask) for mask in MASKED)]
+    keep = sorted(path for path in hidden if not any(other != path and under(path, other) for other in hidden))
     for path in keep:
         if ":" in path:
             raise ValueError(f"{path}: a ':' in a path cannot be passed to host_init.sh")
@@ -143,7 +144,10 @@ def prepare(host: Host, state_dir: Path, authorized_keys: Path) -> None:
     (directory / "profile").write_text(profile(host.simulator_env))
 
 
-def init_environment(host: Host, state_dir: str, simulator_bin: Path, with_cgroup: bool) -> dict[str, str]:
+def init_environment(
+    host: Host, state_dir: str, simulator_bin: Path, with_cgroup: bool, needed: Sequence[str]
+) -> dict[str, str]:
+    """``needed``: directories the box must see at their own paths (the simulator build embeds some)."""
     directory = Path(host.directory)
     return {
         MARKER: state_dir,
@@ -156,7 +160,7 @@ def init_environment(host: Host, state_dir: str, simulator_bin: Path, with_cgrou
         "RGT_JOURNALCTL": str(simulator_bin / "journalctl"),
         "RGT_DATA_MOUNT": f"{host.data_size_mib}:{host.data_inodes}",
         "RGT_DURABLE_MOUNT": f"{host.durable_size_mib}:{host.durable_inodes}",
-        "RGT_KEEP": ":".join(keep_paths(state_dir)),
+        "RGT_KEEP": ":".join(keep_paths([state_dir, *needed])),
         "RGT_CGROUP_MEMORY": "1" if with_cgroup else "0",
     }
 

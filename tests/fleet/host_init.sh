@@ -7,7 +7,7 @@
 #   RGT_HOSTNAME  RGT_GPU_COUNT  RGT_SSHD_CONFIG  RGT_PROFILE  RGT_DMESG  RGT_JOURNALCTL
 #   RGT_DATA_MOUNT (size_mib:inodes)  RGT_DURABLE_MOUNT (size_mib:inodes)
 #   RGT_KEEP     colon-separated directories that the masks below hide but the box must still see
-#                (the fleet's state dir when it lives under /tmp, the controller's python under /root)
+#                (the fleet's state dir, the checkout, the simulator and its python when under /tmp or /root)
 #   RGT_CGROUP_MEMORY  "1" when fleet.py put this box in its own memory cgroup
 set -eu
 set -f  # paths are data: no globbing of RGT_KEEP entries
