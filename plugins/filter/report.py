@@ -7,9 +7,13 @@ Documented per filter in the YAML files next to this one (``ansible-doc -t filte
 
 from __future__ import annotations
 
+import json
+import re
+import sys
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from ansible.errors import AnsibleFilterError
+from ansible.utils.display import Display
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding, status_of
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import worst_status as _worst_of_levels
@@ -21,9 +25,14 @@ RE_RENT_ACTIONS = ("re_rent", "reset_gpu")
 EXIT_OK = 0
 EXIT_FAILED = 2
 EXIT_UNREACHABLE = 4
+# Not an exit code ansible-playbook uses itself (0, 1, 2, 4, 5, 99, 250), so it cannot be mistaken for a verdict.
+EXIT_REPORT_NOT_WRITTEN = 3
 # A check that could not run: not knowing the GPU or the disks is a FAIL, not knowing about zombies a WARN.
 CHECK_FAILURE_LEVELS = {"gpu_health": "FAIL", "box_health": "FAIL", "vram_zombies": "WARN"}
 ZOMBIE_FACTS = ("status", "holders", "candidates", "killed", "failed", "kill_refused")
+# The box names its Python and architecture; the controller joins this into a cache path, so nothing else passes.
+WHEEL_TAG = re.compile(r"\Apy\d+\.\d+-[A-Za-z0-9_]+\Z")
+MESSAGE_CHARS = 300
 
 
 def worst_status(items: Iterable[Any]) -> str:
@@ -39,19 +48,34 @@ def worst_status(items: Iterable[Any]) -> str:
     return _worst_of_levels(levels)
 
 
+def _ran(result: Optional[Mapping[str, Any]]) -> bool:
+    """Whether the module itself ran to the end. The role registers checks under ``failed_when: false``, which
+    turns ``failed`` false, so the module's own answer decides: every check module returns a ``status``."""
+    return bool(result) and not result.get("failed") and "status" in result
+
+
 def _usable(result: Optional[Mapping[str, Any]]) -> Mapping[str, Any]:
     """A registered result with data in it: skipped and failed tasks count as absent."""
-    if not result or result.get("skipped") or result.get("failed"):
+    if not result or result.get("skipped") or not _ran(result):
         return {}
     return result
+
+
+def _reason(result: Mapping[str, Any]) -> str:
+    """The first line of why a task failed: its message, else what the module printed on stderr."""
+    for key in ("msg", "module_stderr", "stderr"):
+        lines = str(result.get(key) or "").strip().splitlines()
+        if lines:
+            return lines[0][:MESSAGE_CHARS]
+    return "no message"
 
 
 def _check_findings(name: str, result: Optional[Mapping[str, Any]]) -> List[Dict[str, Any]]:
     """The check's own findings, or one ``check_failed`` finding when the module itself failed."""
     if not result or result.get("skipped"):
         return []
-    if result.get("failed"):
-        reason = str(result.get("msg") or "no message").splitlines()[0][:300]
+    if not _ran(result):
+        reason = _reason(result)
         return [
             finding(
                 "check_failed", CHECK_FAILURE_LEVELS[name], f"{name} could not run: {reason}", "investigate", check=name
@@ -98,6 +122,78 @@ def preflight_result(
     }
 
 
+def _probe_failed(message: str) -> Dict[str, Any]:
+    return {
+        "ok": False,
+        "wheel_tag": None,
+        "ready": False,
+        "data_dir_usable": False,
+        "data_dir_problem": None,
+        "findings": [finding("runtime_probe_failed", "FAIL", message[:MESSAGE_CHARS], "investigate")],
+    }
+
+
+def _bad_probe_field(answer: Mapping[str, Any]) -> Optional[str]:
+    """Why the probe's answer cannot be trusted, or None: every field the controller uses is checked."""
+    tag = answer.get("wheel_tag")
+    if not isinstance(tag, str) or not WHEEL_TAG.match(tag):
+        return f"invalid wheel_tag {str(tag)[:80]!r} (expected py<major>.<minor>-<machine>)"
+    if not isinstance(answer.get("ready"), bool):
+        return f"invalid ready {str(answer.get('ready'))[:40]!r} (expected true or false)"
+    data_dir = answer.get("data_dir")
+    if (
+        not isinstance(data_dir, Mapping)
+        or not isinstance(data_dir.get("usable"), bool)
+        or not isinstance(data_dir.get("problem"), (str, type(None)))
+    ):
+        return f"invalid data_dir {str(data_dir)[:80]!r} (expected usable: bool, problem: string or null)"
+    return None
+
+
+def preflight_runtime(probe: Mapping[str, Any]) -> Dict[str, Any]:
+    """The runtime probe's answer, validated before the controller uses any of it (the box is untrusted).
+
+    ``ok`` false (with one ``runtime_probe_failed`` finding) when the probe did not run, did not answer a JSON
+    object, or answered a field the controller cannot trust; then nothing is built, copied or checked for the box.
+    """
+    if not isinstance(probe, Mapping) or probe.get("skipped"):
+        return _probe_failed("the runtime probe did not run")
+    if probe.get("rc") != 0 or "stdout" not in probe:
+        # A Python that started and crashed says why on its last stderr line; one that never ran, in msg.
+        stderr = str(probe.get("stderr") or "").strip().splitlines()
+        reason = stderr[-1][:MESSAGE_CHARS] if stderr else _reason(probe)
+        return _probe_failed(f"could not run the box's Python: {reason}")
+    try:
+        answer = json.loads(probe["stdout"])
+    except ValueError:
+        answer = None
+    if not isinstance(answer, Mapping):
+        return _probe_failed(f"the runtime probe did not answer a JSON object: {str(probe['stdout'])[:80]!r}")
+    problem = _bad_probe_field(answer)
+    if problem:
+        return _probe_failed(f"the runtime probe answered {problem}")
+    return {
+        "ok": True,
+        "wheel_tag": answer["wheel_tag"],
+        "ready": answer["ready"],
+        "data_dir_usable": answer["data_dir"]["usable"],
+        "data_dir_problem": answer["data_dir"]["problem"],
+        "findings": [],
+    }
+
+
+def report_written_or_exit(hosts: str, report_error: str) -> str:
+    """``hosts`` unchanged, or end ansible-playbook with ``EXIT_REPORT_NOT_WRITTEN`` when the report failed.
+
+    Meant for a play's ``hosts:`` (templated in ansible-playbook's own process): tasks can only end a run with
+    ansible's own codes, 2 for a failed host, which would read as "a box FAILed" for an all-PASS fleet.
+    """
+    if not report_error:
+        return hosts
+    Display().error(f"the preflight report could not be written ({report_error}); exit code {EXIT_REPORT_NOT_WRITTEN}")
+    sys.exit(EXIT_REPORT_NOT_WRITTEN)
+
+
 def unreachable_result(host: str, reason: str = "host unreachable") -> Dict[str, Any]:
     """The result recorded for a host that never answered."""
     return {"host": host, "reachable": False, "status": UNREACHABLE, "error": reason, "findings": []}
@@ -142,8 +238,11 @@ def _needs_new_box(result: Mapping[str, Any]) -> bool:
     return any(f.get("level") == "FAIL" and f.get("action") in RE_RENT_ACTIONS for f in result.get("findings", []))
 
 
-def fleet_summary(results: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
-    """Counts per status, hosts to re-rent, unreachable hosts, the wrapper's exit code and one summary line."""
+def fleet_summary(results: Iterable[Mapping[str, Any]], report_error: str = "") -> Dict[str, Any]:
+    """Counts per status, hosts to re-rent, unreachable hosts, the wrapper's exit code and one summary line.
+
+    With ``report_error`` (why the report could not be written) the exit code is ``EXIT_REPORT_NOT_WRITTEN``.
+    """
     results = list(results)
     counts = dict.fromkeys(STATUSES, 0)
     by_status: Dict[str, List[str]] = {status: [] for status in STATUSES}
@@ -162,6 +261,8 @@ def fleet_summary(results: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
         exit_code = EXIT_UNREACHABLE
     else:
         exit_code = EXIT_OK
+    if report_error:
+        exit_code = EXIT_REPORT_NOT_WRITTEN
     line = f"{len(results)} hosts: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s] or s != UNREACHABLE)
     if re_rent:
         line += f"; re-rent: {', '.join(re_rent)}"
@@ -170,7 +271,7 @@ def fleet_summary(results: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
         line += f"; fix before launch: {', '.join(other_fail)}"
     if by_status[UNREACHABLE]:
         line += f"; unreachable: {', '.join(by_status[UNREACHABLE])}"
-    return {
+    summary = {
         "hosts": len(results),
         "counts": counts,
         "status": "FAIL" if counts["FAIL"] else (UNREACHABLE if counts[UNREACHABLE] else worst_status(results)),
@@ -181,6 +282,9 @@ def fleet_summary(results: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
         "unreachable": by_status[UNREACHABLE],
         "line": line,
     }
+    if report_error:
+        summary["report_error"] = report_error
+    return summary
 
 
 class FilterModule:
@@ -194,4 +298,6 @@ class FilterModule:
             "fleet_results": fleet_results,
             "preflight_line": preflight_line,
             "fleet_summary": fleet_summary,
+            "preflight_runtime": preflight_runtime,
+            "report_written_or_exit": report_written_or_exit,
         }

@@ -167,7 +167,7 @@ findings:
       nvlink_down, power_capped, driver_too_old, mig_enabled, foreign_processes, memory_occupied,
       gpu_query_failed, xid_other_gpu, version_unknown."
     - C(xid_other_gpu) (WARN) is an Xid or GPU loss in the kernel log on a PCI address that is not one of this
-      box's GPUs (a container on a shared host reading the host's log): the host has a failing GPU.
+      box's GPUs (a container on a shared host reading the host's log); the host has a failing GPU.
     - C(version_unknown) (WARN) is a O(min_driver_version) or O(min_cuda_version) that could not be checked because
       the box did not report a readable version.
   returned: always

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from ansible.errors import AnsibleFilterError
 
@@ -90,6 +92,131 @@ def test_failed_or_skipped_checks():
     assert report.preflight_result("h", {"skipped": True}, box_health())["status"] == "PASS"
 
 
+# Registered results of modules that failed under the role's `failed_when: false`, as ansible-core 2.19
+# records them: `failed` is false, the module's own `msg` says why, and there is no `status`.
+def suppressed_failure(msg, **extra):
+    return {
+        "changed": False,
+        "failed": False,
+        "failed_when_result": False,
+        "failed_when_suppressed_exception": "(traceback unavailable)",
+        "msg": msg,
+        **extra,
+    }
+
+
+NVML_MISSING = suppressed_failure(
+    "Failed to import the required Python library (nvidia-ml-py) on box's Python /usr/bin/python3. This is required"
+    " for backend=nvml (run the preflight role's bootstrap, or use backend=auto)."
+)
+PSUTIL_MISSING = suppressed_failure(
+    "Failed to import the required Python library (psutil) on box's Python /usr/bin/python3."
+)
+
+
+def test_checks_that_failed_under_failed_when_false_are_check_failed():
+    result = report.preflight_result("h", NVML_MISSING, suppressed_failure("data_dir is required"), PSUTIL_MISSING)
+    assert [(f["code"], f["level"], f["check"]) for f in result["findings"]] == [
+        ("check_failed", "FAIL", "gpu_health"),
+        ("check_failed", "FAIL", "box_health"),
+        ("check_failed", "WARN", "vram_zombies"),
+    ]
+    assert result["status"] == "FAIL"
+    assert result["findings"][0]["message"].startswith("gpu_health could not run: Failed to import the required")
+    assert report.preflight_line(result).startswith("h  FAIL  no GPU seen  check_failed -> investigate")
+
+
+def test_a_zombie_scan_that_failed_is_not_lost_beside_a_full_disk():
+    full = dict(box_health([DISK_FULL]), status="FAIL")
+    result = report.preflight_result("full", dict(gpu_health(), status="PASS"), full, PSUTIL_MISSING)
+    assert [(f["code"], f["level"]) for f in result["findings"]] == [("disk_low", "FAIL"), ("check_failed", "WARN")]
+
+
+def test_a_check_without_status_or_message_is_check_failed_with_its_stderr():
+    crashed = {"changed": False, "failed": False, "module_stderr": "Killed\n", "module_stdout": "", "rc": 137}
+    found = report.preflight_result("h", gpu_health(), box_health(), crashed)["findings"]
+    assert [(f["code"], f["level"], f["message"]) for f in found] == [
+        ("check_failed", "WARN", "vram_zombies could not run: Killed")
+    ]
+
+
+def probe_answer(**changes):
+    answer = {
+        "python": "3.11",
+        "machine": "x86_64",
+        "wheel_tag": "py3.11-x86_64",
+        "ready": False,
+        "data_dir": {"usable": True, "problem": None},
+    }
+    answer.update(changes)
+    return {"changed": False, "failed": False, "rc": 0, "stdout": json.dumps(answer), "stderr": ""}
+
+
+def test_runtime_probe_answer_is_validated_and_kept():
+    runtime = report.preflight_runtime(probe_answer(ready=True))
+    assert runtime == {
+        "ok": True,
+        "wheel_tag": "py3.11-x86_64",
+        "ready": True,
+        "data_dir_usable": True,
+        "data_dir_problem": None,
+        "findings": [],
+    }
+    missing = report.preflight_runtime(probe_answer(data_dir={"usable": False, "problem": "does not exist"}))
+    assert (missing["ok"], missing["data_dir_usable"], missing["data_dir_problem"]) == (True, False, "does not exist")
+
+
+def test_runtime_probe_of_a_box_without_python_is_runtime_probe_failed():
+    no_python = suppressed_failure(
+        "The module interpreter '/usr/bin/python3' was not found.",
+        module_stderr="/bin/sh: 1: /usr/bin/python3: not found\n",
+        module_stdout="",
+        rc=127,
+    )
+    runtime = report.preflight_runtime(no_python)
+    assert runtime["ok"] is False
+    assert (runtime["wheel_tag"], runtime["ready"], runtime["data_dir_usable"]) == (None, False, False)
+    assert [(f["code"], f["level"], f["action"]) for f in runtime["findings"]] == [
+        ("runtime_probe_failed", "FAIL", "investigate")
+    ]
+    assert "The module interpreter '/usr/bin/python3' was not found." in runtime["findings"][0]["message"]
+
+
+@pytest.mark.parametrize(
+    ("probe", "reason"),
+    [
+        (probe_answer(wheel_tag="py3.11-x86_64/../../../../tmp/x"), "wheel_tag"),
+        (probe_answer(wheel_tag="py3.11-x86_64\n"), "wheel_tag"),
+        (probe_answer(wheel_tag=["py3.11-x86_64"]), "wheel_tag"),
+        (probe_answer(ready="yes"), "ready"),
+        (probe_answer(data_dir={"usable": 1, "problem": None}), "data_dir"),
+        (probe_answer(data_dir={"usable": False, "problem": ["x"]}), "data_dir"),
+        (probe_answer(data_dir="ok"), "data_dir"),
+        ({"changed": False, "failed": False, "rc": 0, "stdout": "[1, 2]", "stderr": ""}, "JSON object"),
+        ({"changed": False, "failed": False, "rc": 0, "stdout": "{not json", "stderr": ""}, "JSON object"),
+        (
+            suppressed_failure(
+                "non-zero return code", rc=1, stdout="", stderr="Traceback (most recent call last):\nSyntaxError: bad"
+            ),
+            "SyntaxError",
+        ),
+    ],
+)
+def test_runtime_probe_answers_the_controller_cannot_trust_are_refused(probe, reason):
+    runtime = report.preflight_runtime(probe)
+    assert (runtime["ok"], runtime["wheel_tag"], runtime["ready"]) == (False, None, False)
+    assert [f["code"] for f in runtime["findings"]] == ["runtime_probe_failed"]
+    assert reason in runtime["findings"][0]["message"]
+    assert len(runtime["findings"][0]["message"]) < 400
+
+
+def test_report_written_or_exit_passes_the_pattern_through_or_exits_3():
+    assert report.report_written_or_exit("fleet", "") == "fleet"
+    with pytest.raises(SystemExit) as stopped:
+        report.report_written_or_exit("fleet", "Write the JSON report: Destination directory /x does not exist")
+    assert stopped.value.code == report.EXIT_REPORT_NOT_WRITTEN == 3
+
+
 def test_fleet_results_fills_in_hosts_without_a_result():
     ok = report.preflight_result("a", gpu_health())
     hostvars = {"a": {"preflight_result": ok, "other": 1}, "b": {"other": 2}}
@@ -149,6 +276,14 @@ def test_fleet_summary_exit_codes_follow_the_contract():
     assert report.fleet_summary([])["line"] == "0 hosts: 0 PASS, 0 WARN, 0 FAIL"
 
 
+def test_fleet_summary_exit_code_when_the_report_could_not_be_written():
+    unreported = report.fleet_summary(fleet()[:2], "Write the JSON report: Permission denied")
+    assert unreported["exit_code"] == report.EXIT_REPORT_NOT_WRITTEN
+    assert unreported["report_error"] == "Write the JSON report: Permission denied"
+    assert unreported["counts"]["PASS"] == 1
+    assert "report_error" not in report.fleet_summary(fleet()[:2])
+
+
 def test_fleet_summary_rejects_unknown_status():
     with pytest.raises(AnsibleFilterError, match="bogus"):
         report.fleet_summary([{"host": "x", "status": "bogus"}])
@@ -162,4 +297,6 @@ def test_filters_are_registered():
         "fleet_results",
         "preflight_line",
         "fleet_summary",
+        "preflight_runtime",
+        "report_written_or_exit",
     }

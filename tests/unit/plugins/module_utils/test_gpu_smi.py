@@ -250,5 +250,7 @@ def test_unknown_per_process_memory_is_none():
         CAPTURES / "compute_apps" / "nge__windows-x86_64__nvidia-geforce-rtx-2080-super__591.86__load.txt"
     ).read_text()
     fields = ("timestamp", "gpu_name", "gpu_bus_id", "gpu_serial", "gpu_uuid", "pid", "process_name", "used_gpu_memory")
-    (procs,) = parse.parse_compute_apps("\n".join(text.splitlines()[1:]), fields).values()
+    by_gpu = parse.parse_compute_apps("\n".join(text.splitlines()[1:]), fields)
+    assert len(by_gpu) == 1
+    procs = next(iter(by_gpu.values()))
     assert procs and all(proc["used_memory_mib"] is None for proc in procs)
