@@ -31,10 +31,16 @@ def finding(
 
 
 def worst_status(levels: Iterable[str]) -> str:
-    """The worst of PASS / WARN / FAIL among ``levels`` (PASS when empty)."""
+    """The worst of PASS / WARN / FAIL among ``levels`` (PASS when empty); anything else raises ``ValueError``.
+
+    These three are the only levels. vram_zombies' ``status`` (clean, candidates, reaped, partial) is an outcome,
+    not a level: its level is that of its findings (``status_of``), a vram_zombies WARN while zombies remain.
+    """
     worst = "PASS"
     for level in levels:
-        if _RANK.get(level, 0) > _RANK[worst]:
+        if level not in _RANK:
+            raise ValueError(f"unknown status {level!r}: expected one of {', '.join(LEVELS)}")
+        if _RANK[level] > _RANK[worst]:
             worst = level
     return worst
 

@@ -17,7 +17,8 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, Pattern, Sequence, Tuple
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._vram_zombies import Gpu, Proc
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree import Proc, same_process
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._vram_zombies import Gpu
 
 try:
     import psutil
@@ -153,14 +154,6 @@ def _gpu_view(index: int, device: Any, samples: List[int]) -> Gpu:
         utilization_pct=tuple(samples),
         processes=tuple(processes),
     )
-
-
-CREATE_TIME_TOLERANCE_S = 0.01  # psutil derives create time from boot time and clock ticks: tiny jitter
-
-
-def same_process(proc: Proc, create_time: float, cmdline: Sequence[str]) -> bool:
-    """Whether a process seen now (its create time and command line) is ``proc``, not a reuse of its PID."""
-    return abs(create_time - proc.create_time) <= CREATE_TIME_TOLERANCE_S and tuple(cmdline) == proc.cmdline
 
 
 def _same_process(proc: Proc) -> Any:

@@ -9,54 +9,16 @@ process group and session, the launch role's run registry, process age and whole
 
 from __future__ import annotations
 
-import functools
-import json
-import os
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._deadline import run_with_deadline
-
-# A process born this long after a run's started_at cannot be that run's launcher (guards PID reuse).
-LAUNCHER_BIRTH_SLACK_S = 120.0
-MAX_REGISTERED_RUNS = 1000
-MAX_RUN_JSON_BYTES = 1024 * 1024
-# Reading the registry touches data_dir, which may be a dead network mount.
-REGISTRY_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class Proc:
-    """One process as seen in this PID namespace; ``devices`` are the NVIDIA device nodes it holds open."""
-
-    pid: int
-    ppid: int
-    pgid: int
-    sid: int
-    uid: int
-    name: str
-    cmdline: Tuple[str, ...]
-    create_time: float
-    kernel_thread: bool = False
-    defunct: bool = False
-    devices: Tuple[str, ...] = ()
-
-    @property
-    def command(self) -> str:
-        return " ".join(self.cmdline) if self.cmdline else f"[{self.name}]"
-
-
-@dataclass(frozen=True)
-class Run:
-    """A run registered by the launch role in ``<data_dir>/runs/<run>/run.json``."""
-
-    name: str
-    path: str
-    pgid: Optional[int] = None
-    sid: Optional[int] = None
-    pids: Tuple[int, ...] = ()
-    started_at: Optional[float] = None
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree import (
+    Proc,
+    ancestors,
+    belongs_to_run,
+    run_is_live,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import Run
 
 
 @dataclass(frozen=True)
@@ -96,145 +58,6 @@ class Verdict:
     @property
     def candidate(self) -> bool:
         return self.protected_by is None and bool(self.rules)
-
-
-def _parse_started_at(value: Any) -> Optional[float]:
-    if isinstance(value, bool):
-        raise ValueError("started_at must be an ISO 8601 time or epoch seconds")
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        # A time without an offset is the box's local wall clock (TZ honoured), as a shell's `date` writes it.
-        return datetime.fromisoformat(value.strip().replace("Z", "+00:00")).astimezone().timestamp()
-    raise ValueError("started_at must be an ISO 8601 time or epoch seconds")
-
-
-def _leader_id(data: Dict[str, Any], key: str) -> Optional[int]:
-    value = data.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 1:
-        raise ValueError(f"{key} must be an integer above 1, not {value!r}")
-    return value
-
-
-def parse_run(name: str, path: str, data: Any) -> Run:
-    """Validate one run.json document; raises ValueError naming the bad field."""
-    if not isinstance(data, dict):
-        raise ValueError("run.json must hold a JSON object")
-    pids = data.get("pids") or []
-    if not isinstance(pids, list) or any(isinstance(p, bool) or not isinstance(p, int) or p <= 1 for p in pids):
-        raise ValueError("pids must be a list of integers above 1")
-    run = Run(
-        name=str(data.get("run") or name),
-        path=path,
-        pgid=_leader_id(data, "pgid"),
-        sid=_leader_id(data, "sid"),
-        pids=tuple(pids),
-        started_at=_parse_started_at(data["started_at"]) if data.get("started_at") is not None else None,
-    )
-    if run.pgid is None and run.sid is None and not run.pids:
-        raise ValueError("run.json names no pgid, sid or pids")
-    return run
-
-
-def _registry_files(data_dir: str) -> Dict[str, Any]:
-    """The raw run.json texts under ``data_dir``, or why there are none; runs in a child under a deadline."""
-    unreadable = "so the run registry could not be read"
-    if not os.path.isdir(data_dir):
-        why = "not a directory" if os.path.lexists(data_dir) else "not found"
-        return {"problems": [f"data_dir {data_dir}: {why}, {unreadable}"], "files": []}
-    registry = os.path.join(data_dir, "runs")
-    if not os.path.lexists(registry):
-        return {"problems": [], "files": []}
-    if not os.path.isdir(registry):
-        return {"problems": [f"{registry}: not a directory, {unreadable}"], "files": []}
-    problems: List[str] = []
-    paths = [
-        os.path.join(registry, name, "run.json") for name in sorted(os.listdir(registry)) if not name.startswith(".")
-    ]
-    paths = [path for path in paths if os.path.isfile(path)]
-    if len(paths) > MAX_REGISTERED_RUNS:
-        problems.append(f"{len(paths)} run.json files under {registry}; read only the first {MAX_REGISTERED_RUNS}")
-    files = []
-    for path in paths[:MAX_REGISTERED_RUNS]:
-        try:
-            with open(path, "rb") as handle:
-                files.append([path, handle.read(MAX_RUN_JSON_BYTES + 1).decode("utf-8", errors="replace")])
-        except OSError as exc:
-            problems.append(f"{path}: {exc}")
-    return {"problems": problems, "files": files}
-
-
-def read_run_registry(data_dir: Optional[str], timeout_s: float = REGISTRY_TIMEOUT_S) -> Tuple[List[Run], List[str]]:
-    """Registered runs under ``<data_dir>/runs/*/run.json`` and one problem line per unreadable file.
-
-    A data_dir that is missing, not a directory or does not answer within ``timeout_s`` (a hung mount) is
-    not an empty registry: live runs cannot be told from zombies, so it is a problem.
-    """
-    if not data_dir:
-        return [], []
-    answer = run_with_deadline({"registry": functools.partial(_registry_files, data_dir)}, timeout_s)["registry"]
-    if answer.get("timed_out"):
-        why = f"did not answer within {timeout_s:g} s (a hung mount?)"
-        return [], [f"data_dir {data_dir}: {why}, so the run registry could not be read"]
-    if "error" in answer:
-        return [], [f"data_dir {data_dir}: {answer['error']}, so the run registry could not be read"]
-    runs: List[Run] = []
-    problems: List[str] = list(answer["value"]["problems"])
-    for path, text in answer["value"]["files"]:
-        try:
-            if len(text) > MAX_RUN_JSON_BYTES:
-                raise ValueError(f"larger than {MAX_RUN_JSON_BYTES} bytes")
-            runs.append(parse_run(os.path.basename(os.path.dirname(path)), path, json.loads(text)))
-        except ValueError as exc:  # json.JSONDecodeError is a ValueError
-            problems.append(f"{path}: {exc}")
-    return runs, problems
-
-
-def ancestors(table: Dict[int, Proc], pid: int) -> List[int]:
-    """PIDs from ``pid``'s parent up to the namespace's init, following the table."""
-    chain: List[int] = []
-    seen = {pid}
-    current = table.get(pid)
-    while current is not None and current.ppid not in seen and current.ppid > 0:
-        chain.append(current.ppid)
-        seen.add(current.ppid)
-        current = table.get(current.ppid)
-    return chain
-
-
-def _alive(table: Dict[int, Proc], pid: int) -> Optional[Proc]:
-    proc = table.get(pid)
-    return proc if proc is not None and not proc.defunct else None
-
-
-def _group_leader_alive(table: Dict[int, Proc], pgid: int) -> bool:
-    leader = _alive(table, pgid)
-    return leader is not None and leader.pgid == pgid
-
-
-def run_is_live(run: Run, table: Dict[int, Proc]) -> bool:
-    """A run is live while its launcher lives: the group or session leader, or one of its registered pids."""
-    launchers: List[Proc] = []
-    if run.pgid is not None and _group_leader_alive(table, run.pgid):
-        launchers.append(table[run.pgid])
-    if run.sid is not None:
-        leader = _alive(table, run.sid)
-        if leader is not None and leader.sid == run.sid:
-            launchers.append(leader)
-    launchers.extend(p for p in (_alive(table, pid) for pid in run.pids) if p is not None)
-    if run.started_at is None:
-        return bool(launchers)
-    return any(p.create_time <= run.started_at + LAUNCHER_BIRTH_SLACK_S for p in launchers)
-
-
-def _member_of(proc: Proc, run: Run) -> bool:
-    return (
-        (run.pgid is not None and proc.pgid == run.pgid)
-        or (run.sid is not None and proc.sid == run.sid)
-        or proc.pid in run.pids
-    )
 
 
 def _chain(proc: Proc, table: Dict[int, Proc], adopters: Set[int]) -> Tuple[List[Proc], Optional[str]]:
@@ -322,7 +145,7 @@ def _protection(
             if pattern.search(member.command):
                 return f"protect_patterns {pattern.pattern!r}" + relation
         for run in live_runs:
-            if _member_of(member, run):
+            if belongs_to_run(member, run):
                 return f"live registered run {run.name!r}" + relation
     return None
 
@@ -388,7 +211,7 @@ def decide(
             verdict.reason = unreached
             continue
         chains[proc.pid] = chain
-        dead_run = next((run for run in dead_runs if _member_of(proc, run)), None)
+        dead_run = next((run for run in dead_runs if belongs_to_run(proc, run)), None)
         if dead_run is not None:
             dead_run_of[proc.pid] = dead_run
     # A blocker against this first pool blocks against every subset, so it names the live process that

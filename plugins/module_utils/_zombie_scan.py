@@ -11,13 +11,9 @@ from typing import Any, Dict, List, Sequence
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _procs
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._vram_zombies import (
-    Policy,
-    Verdict,
-    decide,
-    read_run_registry,
-    run_is_live,
-)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree import Proc, run_is_live, same_process
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import Run, read_run_registry
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._vram_zombies import Policy, Verdict, decide
 
 
 def _holder_entry(verdict: Verdict, now: float) -> Dict[str, Any]:
@@ -60,7 +56,7 @@ def _verify(killed: List[Dict[str, Any]], victims: Dict[int, Any], failed: List[
     for entry in killed:
         now = table.get(entry["pid"])
         victim = victims[entry["pid"]]
-        if now is not None and now.devices and _procs.same_process(victim, now.create_time, now.cmdline):
+        if now is not None and now.devices and same_process(victim, now.create_time, now.cmdline):
             still.append(entry)
     for entry in still:
         killed.remove(entry)
@@ -68,14 +64,8 @@ def _verify(killed: List[Dict[str, Any]], victims: Dict[int, Any], failed: List[
     return not still
 
 
-def scan_and_reap(
-    params: Dict[str, Any], patterns: List[Any], check_mode: bool, subreapers: Sequence[Any] = ()
-) -> Dict[str, Any]:
-    table, scan = _procs.read_process_table()
-    runs, problems = read_run_registry(params["data_dir"])
-    gpus, nvml_error = _procs.read_gpus(params["observe_s"])
-    now = time.time()
-    policy = Policy(
+def _policy(params: Dict[str, Any], patterns: List[Any], subreapers: Sequence[Any], now: float) -> Policy:
+    return Policy(
         now=now,
         self_pid=os.getpid(),
         self_uid=os.getuid(),
@@ -86,12 +76,23 @@ def scan_and_reap(
         all_users=params["all_users"],
         subreaper_patterns=subreapers,
     )
-    holders = [proc for proc in table.values() if proc.devices]
-    verdicts = decide(sorted(holders, key=lambda p: p.pid), table, runs, gpus or [], policy)
+
+
+def _report(
+    verdicts: List[Verdict],
+    now: float,
+    *,
+    table: Dict[int, Proc],
+    runs: List[Run],
+    problems: List[str],
+    scan: Dict[str, int],
+    gpus: Any,
+    nvml_error: Any,
+) -> Dict[str, Any]:
+    """The result of a report-only pass: every holder's verdict, NVML's view and the run registry as read."""
     entries = [_holder_entry(verdict, now) for verdict in verdicts]
     candidates = [entry for entry in entries if entry["candidate"]]
-    victims = {verdict.proc.pid: verdict.proc for verdict in verdicts if verdict.candidate}
-    result: Dict[str, Any] = {
+    return {
         "changed": False,
         "holders": entries,
         "candidates": candidates,
@@ -111,43 +112,72 @@ def scan_and_reap(
         "scan": scan,
         "status": "candidates" if candidates else "clean",
     }
-    if params["kill"] and victims:
-        if problems:
-            result["kill_refused"] = (
-                "the run registry could not be read, so live runs cannot be told from zombies: nothing was signalled. "
-                "Fix or remove: " + "; ".join(problems)
-            )
-        else:
-            result["would_kill"] = sorted(victims)
-            result["changed"] = True
-    if result["would_kill"] and not check_mode:
-        outcome = _procs.reap([victims[pid] for pid in result["would_kill"]], params["grace_s"])
-        result.update(outcome)
-        result["changed"] = bool(outcome["killed"] or outcome["failed"])
-        if result["changed"]:
-            holders_gone = _verify(result["killed"], victims, result["failed"])
-            after, _error = _procs.read_gpus(0)
-            result["verification"] = {
-                "holders_gone": holders_gone,
-                "memory_used_mib": _memory_change(gpus, after),
-            }
-        # Every candidate skipped (gone, or its PID reused) means nothing was reaped: they stay candidates.
-        if result["failed"]:
-            result["status"] = "partial"
-        elif result["killed"]:
-            result["status"] = "reaped"
-    if result["status"] in ("candidates", "partial"):
-        remaining = [entry for entry in candidates if entry["pid"] not in {k["pid"] for k in result["killed"]}]
-        listed = ", ".join(f"pid {entry['pid']} ({entry['name']}: {entry['reason']})" for entry in remaining[:5])
-        result["findings"] = [
-            finding(
-                "vram_zombies",
-                "WARN",
-                f"{len(remaining)} process(es) hold an NVIDIA device after their job died: {listed}",
-                "reap_zombies",
-                pids=[entry["pid"] for entry in remaining],
-            )
-        ]
+
+
+def _approve_kill(result: Dict[str, Any], victims: Dict[int, Proc], problems: List[str]) -> None:
+    """Name the victims, unless an unreadable registry means a live run could be among them."""
+    if problems:
+        result["kill_refused"] = (
+            "the run registry could not be read, so live runs cannot be told from zombies: nothing was signalled. "
+            "Fix or remove: " + "; ".join(problems)
+        )
     else:
-        result["findings"] = []
+        result["would_kill"] = sorted(victims)
+        result["changed"] = True
+
+
+def _reap_and_verify(result: Dict[str, Any], victims: Dict[int, Proc], gpus: Any, grace_s: float) -> None:
+    outcome = _procs.reap([victims[pid] for pid in result["would_kill"]], grace_s)
+    result.update(outcome)
+    result["changed"] = bool(outcome["killed"] or outcome["failed"])
+    if result["changed"]:
+        holders_gone = _verify(result["killed"], victims, result["failed"])
+        after, _error = _procs.read_gpus(0)
+        result["verification"] = {
+            "holders_gone": holders_gone,
+            "memory_used_mib": _memory_change(gpus, after),
+        }
+    # Every candidate skipped (gone, or its PID reused) means nothing was reaped: they stay candidates.
+    if result["failed"]:
+        result["status"] = "partial"
+    elif result["killed"]:
+        result["status"] = "reaped"
+
+
+def _zombie_findings(result: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """One WARN naming the candidates still alive, if any are."""
+    if result["status"] not in ("candidates", "partial"):
+        return []
+    killed = {entry["pid"] for entry in result["killed"]}
+    remaining = [entry for entry in result["candidates"] if entry["pid"] not in killed]
+    listed = ", ".join(f"pid {entry['pid']} ({entry['name']}: {entry['reason']})" for entry in remaining[:5])
+    return [
+        finding(
+            "vram_zombies",
+            "WARN",
+            f"{len(remaining)} process(es) hold an NVIDIA device after their job died: {listed}",
+            "reap_zombies",
+            pids=[entry["pid"] for entry in remaining],
+        )
+    ]
+
+
+def scan_and_reap(
+    params: Dict[str, Any], patterns: List[Any], check_mode: bool, subreapers: Sequence[Any] = ()
+) -> Dict[str, Any]:
+    table, scan = _procs.read_process_table()
+    runs, problems = read_run_registry(params["data_dir"])
+    gpus, nvml_error = _procs.read_gpus(params["observe_s"])
+    now = time.time()
+    holders = sorted((proc for proc in table.values() if proc.devices), key=lambda p: p.pid)
+    verdicts = decide(holders, table, runs, gpus or [], _policy(params, patterns, subreapers, now))
+    result = _report(
+        verdicts, now, table=table, runs=runs, problems=problems, scan=scan, gpus=gpus, nvml_error=nvml_error
+    )
+    victims = {verdict.proc.pid: verdict.proc for verdict in verdicts if verdict.candidate}
+    if params["kill"] and victims:
+        _approve_kill(result, victims, problems)
+    if result["would_kill"] and not check_mode:
+        _reap_and_verify(result, victims, gpus, params["grace_s"])
+    result["findings"] = _zombie_findings(result)
     return result

@@ -8,7 +8,7 @@ stays in its caller's, as ``nohup launcher &`` leaves it), starts the workers
 and writes ``--state`` ({launcher, pgid, sid, workers, dataloaders}) once every holder has the device
 open. ``--register`` also writes ``DATA_DIR/runs/NAME/run.json`` the way the launch role does. Kill the
 launcher with SIGKILL to leave its workers orphaned. Standard library only: the fleet hosts' system
-Python has nothing else.
+Python has nothing else; files are written with the collection's own atomic writer, as launch writes them.
 """
 
 from __future__ import annotations
@@ -21,16 +21,20 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for collection_path
+from collection_path import collection_root
+
+sys.path.insert(0, str(collection_root()))
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import write_json_atomic
 
 READY_TIMEOUT_S = 20.0
 
 
 def _write_json(path: str, data: dict) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    partial = path + ".partial"
-    with open(partial, "w", encoding="utf-8") as handle:
-        json.dump(data, handle)
-    os.replace(partial, path)
+    write_json_atomic(path, data)
 
 
 def _wait_for(path: str) -> None:

@@ -45,3 +45,10 @@ def test_disagreement_is_reported(tmp_path: Path, defaults: str, expected: str) 
     problems = check_role_specs.check_role(_role(tmp_path, defaults, SPECS))
     assert len(problems) == 1
     assert expected in problems[0]
+
+
+def test_private_roles_are_checked_like_the_others(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    roles = tmp_path / "roles"
+    _role(roles, "a: 2\n", SPECS).rename(roles / "_private")
+    assert check_role_specs.main(["check_role_specs.py", str(roles)]) == 1
+    assert "_private: 'a' defaults to 2" in capsys.readouterr().err

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import time
-from datetime import datetime, timezone
 from typing import Any, Dict, List
 
-import pytest
-
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree import Proc
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import Run
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._vram_zombies import (
     Gpu,
     Policy,
-    Proc,
-    Run,
     Verdict,
     decide,
     gpus_of,
-    parse_run,
-    read_run_registry,
-    run_is_live,
 )
 
 NOW = 1_000_000.0
@@ -129,18 +120,6 @@ def test_dead_registered_run_convicts_its_members_even_with_a_live_parent():
     assert "registered run 'old'" in verdicts[302].reason
 
 
-def test_reused_launcher_pid_does_not_keep_a_run_alive():
-    # PID 300 now belongs to an unrelated process in another group.
-    stranger = proc(300, 1, 299, 299, devices=(), cmd="sleep 100")
-    run = Run(name="old", path="x", pgid=300, sid=300)
-    assert run_is_live(run, table_of(BASE, [stranger])) is False
-    # A process born long after the run started cannot be its launcher, even with a matching group.
-    late_leader = proc(300, 1, 300, 300, devices=(), born=NOW - 10)
-    timed = Run(name="old", path="x", pgid=300, started_at=OLD)
-    assert run_is_live(timed, table_of(BASE, [late_leader])) is False
-    assert run_is_live(Run(name="old", path="x", pgid=300), table_of(BASE, [late_leader])) is True
-
-
 def test_defunct_launcher_counts_as_gone():
     # A container init that never reaps leaves the killed launcher as a zombie entry.
     defunct = proc(100, 1, 100, 100, devices=(), defunct=True)
@@ -236,44 +215,6 @@ def test_gpus_of_maps_device_minors_through_nvml():
     assert gpus_of(proc(1, 0, 1, 1, devices=("/dev/nvidia3", "/dev/nvidiactl")), gpus) == [0]
     assert gpus_of(proc(1, 0, 1, 1, devices=("/dev/nvidiactl",)), gpus) == [0, 1]
     assert gpus_of(proc(1, 0, 1, 1, devices=("/dev/nvidia1",)), [gpu(0), gpu(1)]) == [1]
-
-
-def test_parse_run_accepts_the_launch_roles_fields():
-    run = parse_run(
-        "d", "p", {"run": "sweep", "pgid": 321, "sid": 321, "pids": [321], "started_at": "1970-01-02T00:00:00Z"}
-    )
-    assert (run.name, run.pgid, run.sid, run.pids, run.started_at) == ("sweep", 321, 321, (321,), 86400.0)
-    assert parse_run("dir-name", "p", {"pgid": 5, "started_at": 12.5}).name == "dir-name"
-    assert parse_run("d", "p", {"sid": 5, "started_at": "1970-01-01T01:00:00+01:00"}).started_at == 0.0
-
-
-@pytest.mark.parametrize(
-    ("document", "message"),
-    [
-        ({"pgid": 1}, "pgid must be an integer above 1"),
-        ({"sid": "12"}, "sid must be an integer above 1"),
-        ({"pgid": True}, "pgid must be an integer above 1"),
-        ({"pids": [0]}, "pids must be a list of integers above 1"),
-        ({"run": "x"}, "names no pgid, sid or pids"),
-        ({"pgid": 5, "started_at": "yesterday"}, "Invalid isoformat"),
-        ([1, 2], "must hold a JSON object"),
-    ],
-)
-def test_parse_run_rejects_bad_fields(document, message):
-    with pytest.raises(ValueError, match=message):
-        parse_run("d", "p", document)
-
-
-def test_read_run_registry_reports_bad_files_and_keeps_good_ones(tmp_path):
-    assert read_run_registry(None) == ([], [])
-    for name, text in {"good": json.dumps({"pgid": 77}), "torn": '{"pgid": 7', "bad": '{"pgid": 1}'}.items():
-        (tmp_path / "runs" / name).mkdir(parents=True)
-        (tmp_path / "runs" / name / "run.json").write_text(text)
-    runs, problems = read_run_registry(str(tmp_path))
-    assert [(r.name, r.pgid) for r in runs] == [("good", 77)]
-    assert len(problems) == 2
-    assert problems[0].startswith(str(tmp_path / "runs" / "bad" / "run.json") + ": pgid must be")
-    assert problems[1].startswith(str(tmp_path / "runs" / "torn" / "run.json") + ": ")
 
 
 # Issue 7 item 1: a holder is never a candidate while a live process on its ancestor chain (other than init and
@@ -384,62 +325,3 @@ def test_unreadable_ancestor_protects():
     verdicts = judge(table_of(BASE, [lost]), runs=[Run(name="old", path="x", pgid=898)])
     assert candidates(verdicts) == []
     assert verdicts[900].reason == "its ancestor 899 is not in the process table: it may be alive"
-
-
-# Issue 7 item 2: a run.json started_at without an offset is the box's local time.
-
-
-@pytest.fixture
-def west_of_utc():
-    before = os.environ.get("TZ")
-    os.environ["TZ"] = "America/Los_Angeles"
-    time.tzset()
-    yield
-    if before is None:
-        del os.environ["TZ"]
-    else:
-        os.environ["TZ"] = before
-    time.tzset()
-
-
-def test_naive_started_at_is_local_time(west_of_utc):
-    assert parse_run("d", "p", {"pgid": 5, "started_at": "1970-01-02T00:00:00"}).started_at == 86400.0 + 8 * 3600
-    assert parse_run("d", "p", {"pgid": 5, "started_at": "1970-01-02T00:00:00Z"}).started_at == 86400.0
-    # A launcher born when the run started (local wall clock 2024-06-01 10:00, UTC-7) keeps the run live.
-    born = datetime(2024, 6, 1, 17, 0, tzinfo=timezone.utc).timestamp()
-    launcher = proc(300, 1, 300, 300, devices=(), born=born)
-    run = parse_run("live", "p", {"pgid": 300, "started_at": "2024-06-01T10:00:00"})
-    assert run_is_live(run, table_of(BASE, [launcher])) is True
-
-
-# Issue 7 item 11: a data_dir that is missing or not a directory is a registry problem, not an empty registry.
-
-
-def test_read_run_registry_reports_a_missing_or_non_directory_data_dir(tmp_path):
-    runs, problems = read_run_registry(str(tmp_path / "absent"))
-    assert runs == []
-    assert problems == [f"data_dir {tmp_path / 'absent'}: not found, so the run registry could not be read"]
-    (tmp_path / "file").write_text("")
-    assert read_run_registry(str(tmp_path / "file"))[1] == [
-        f"data_dir {tmp_path / 'file'}: not a directory, so the run registry could not be read"
-    ]
-    (tmp_path / "empty").mkdir()
-    assert read_run_registry(str(tmp_path / "empty")) == ([], [])
-    (tmp_path / "flat" / "runs").parent.mkdir()
-    (tmp_path / "flat" / "runs").write_text("")
-    assert read_run_registry(str(tmp_path / "flat"))[1] == [
-        f"{tmp_path / 'flat' / 'runs'}: not a directory, so the run registry could not be read"
-    ]
-
-
-def test_a_hung_data_dir_is_a_registry_problem_within_the_deadline(tmp_path, monkeypatch):
-    # A dead network mount blocks listdir in the kernel; the registry read must give up, not hang with it.
-    (tmp_path / "runs").mkdir()
-    monkeypatch.setattr(os, "listdir", lambda path: time.sleep(60))  # inherited by the forked reader
-    started = time.monotonic()
-    runs, problems = read_run_registry(str(tmp_path), timeout_s=0.5)
-    assert time.monotonic() - started < 5
-    assert runs == []
-    assert problems == [
-        f"data_dir {tmp_path}: did not answer within 0.5 s (a hung mount?), so the run registry could not be read"
-    ]

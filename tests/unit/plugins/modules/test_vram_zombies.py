@@ -95,9 +95,18 @@ def test_a_corrupt_registry_refuses_to_kill_but_still_reports(box, capsys, monke
     assert all(harness.alive(pid) for pid in box["crashed"]["holders"])
 
 
-def test_kill_reaps_only_the_crashed_run_and_a_second_run_is_clean(box, capsys):
-    # 4194304 is pid_max's ceiling, so no process has it: a protected PID that does not exist is ignored.
-    _code, result = result_of(capsys, dict(box["args"], kill=True, protect_pids=[4194304]))
+def test_kill_reaps_only_the_crashed_run_and_a_second_run_is_clean(box, capsys, tmp_path):
+    # An unregistered crashed job would be reaped too, but its worker is protected: the worker, its dataloader
+    # and (holding the same process group) the rest of its job stay.
+    kept = harness.start_job(tmp_path / "kept.json", tmp_path / "nvidia0", "--workers", "1", "--dataloaders")
+    harness.kill_launcher(kept)
+    protected = kept["workers"][0]
+    args = dict(box["args"], kill=True, protect_pids=[protected])
+    _code, result = result_of(capsys, args)
+    holders = {h["pid"]: h for h in result["holders"]}
+    assert holders[protected]["protected_by"] == "protect_pids"
+    assert holders[kept["dataloaders"][0]]["protected_by"] == f"protect_pids (descendant of {protected})"
+    assert all(harness.alive(pid) for pid in kept["holders"])
     assert result["changed"] is True
     assert result["status"] == "reaped"
     assert sorted(k["pid"] for k in result["killed"]) == box["crashed"]["holders"]
@@ -106,9 +115,9 @@ def test_kill_reaps_only_the_crashed_run_and_a_second_run_is_clean(box, capsys):
     assert result["verification"]["holders_gone"] is True
     assert not any(harness.alive(pid) for pid in box["crashed"]["holders"])
     assert all(harness.alive(pid) for pid in box["live"]["holders"])
-    _code, again = result_of(capsys, dict(box["args"], kill=True))
+    _code, again = result_of(capsys, args)
     assert (again["changed"], again["status"], again["candidates"], again["killed"]) == (False, "clean", [], [])
-    assert sorted(h["pid"] for h in again["holders"]) == box["live"]["holders"]
+    assert sorted(h["pid"] for h in again["holders"]) == sorted(box["live"]["holders"] + kept["holders"])
 
 
 def test_protect_patterns_spare_matching_processes(box, capsys):

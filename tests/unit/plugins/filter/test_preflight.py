@@ -1,16 +1,28 @@
-"""Report filters: per-host results, the compact host line and the fleet summary."""
+"""Preflight filters: one host's result from its checks, the compact host line, the runtime probe, findings."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.remote_gpu.trainer.plugins.filter import report
+from ansible_collections.remote_gpu.trainer.plugins.filter import fleet, preflight
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding
 
 H100 = "NVIDIA H100 80GB HBM3"
+# The checks as the preflight role declares them (which module, how its failure counts, which facts it keeps).
+ROLE_VARS = Path(__file__).resolve().parents[4] / "roles" / "preflight" / "vars" / "main.yml"
+ROLE_CHECKS = yaml.safe_load(ROLE_VARS.read_text())["preflight_checks"]
+
+
+def host_result(host, gpu=None, box=None, zombies=None, errors=None):
+    """preflight_result with the role's check list, given the registered results of its three modules."""
+    registered = {"gpu_health": gpu, "box_health": box, "vram_zombies": zombies}
+    checks = [dict(check, result=registered[check["check"]]) for check in ROLE_CHECKS]
+    return preflight.preflight_result(host, checks, errors)
 
 
 def gpu_health(findings=(), count=1, name=H100):
@@ -37,17 +49,8 @@ NO_KLOG = finding("kernel_log_unreadable", "WARN", "dmesg: Operation not permitt
 DISK_FULL = finding("disk_low", "FAIL", "data fs /data: bytes 99% used", "free_disk", path="/data")
 
 
-def test_worst_status_accepts_levels_findings_and_results():
-    assert report.worst_status([]) == "PASS"
-    assert report.worst_status(["PASS", "WARN"]) == "WARN"
-    assert report.worst_status([NO_KLOG, XID79]) == "FAIL"
-    assert report.worst_status([{"status": "WARN"}, {"status": "PASS"}]) == "WARN"
-    with pytest.raises(AnsibleFilterError):
-        report.worst_status("FAIL")
-
-
 def test_preflight_result_merges_findings_and_facts():
-    result = report.preflight_result("box1", gpu_health([XID79, NO_KLOG], count=2), box_health([DISK_FULL]))
+    result = host_result("box1", gpu_health([XID79, NO_KLOG], count=2), box_health([DISK_FULL]))
     assert result["host"] == "box1"
     assert result["status"] == "FAIL"
     assert result["gpu_model"] == H100
@@ -61,17 +64,17 @@ def test_preflight_result_merges_findings_and_facts():
 def test_vram_zombies_findings_and_facts_are_kept():
     warn = finding("vram_zombies", "WARN", "1 zombie VRAM holder: pid 4242", "reap_zombies", pids=[4242])
     zombies = {"status": "candidates", "candidates": [{"pid": 4242}], "killed": [], "failed": [], "findings": [warn]}
-    result = report.preflight_result("box2", gpu_health(), box_health(), zombies)
+    result = host_result("box2", gpu_health(), box_health(), zombies)
     assert result["findings"] == [warn]
     assert result["status"] == "WARN"
     assert result["facts"]["vram_zombies"]["candidates"] == [{"pid": 4242}]
     reaped = {"status": "reaped", "killed": [{"pid": 4242, "signal": "SIGTERM"}], "findings": []}
-    assert report.preflight_result("box2", gpu_health(), box_health(), reaped)["status"] == "PASS"
+    assert host_result("box2", gpu_health(), box_health(), reaped)["status"] == "PASS"
 
 
 def test_preflight_result_with_errors_and_no_gpu_data():
     error = finding("preflight_error", "FAIL", "task 'Bootstrap' failed: no python3", "investigate")
-    result = report.preflight_result("h", errors=[error])
+    result = host_result("h", errors=[error])
     assert result["status"] == "FAIL"
     assert result["gpu_count"] == 0
     assert result["gpu_model"] is None
@@ -79,7 +82,7 @@ def test_preflight_result_with_errors_and_no_gpu_data():
 
 def test_failed_or_skipped_checks():
     crashed = {"failed": True, "msg": "Failed to import the required Python library (pynvml)\nmore"}
-    result = report.preflight_result("h", crashed, box_health(), {"failed": True, "msg": "psutil missing"})
+    result = host_result("h", crashed, box_health(), {"failed": True, "msg": "psutil missing"})
     assert [(f["code"], f["level"], f["check"]) for f in result["findings"]] == [
         ("check_failed", "FAIL", "gpu_health"),
         ("check_failed", "WARN", "vram_zombies"),
@@ -89,7 +92,7 @@ def test_failed_or_skipped_checks():
         == "gpu_health could not run: Failed to import the required Python library (pynvml)"
     )
     assert result["gpu_count"] == 0
-    assert report.preflight_result("h", {"skipped": True}, box_health())["status"] == "PASS"
+    assert host_result("h", {"skipped": True}, box_health())["status"] == "PASS"
 
 
 # Registered results of modules that failed under the role's `failed_when: false`, as ansible-core 2.19
@@ -115,7 +118,7 @@ PSUTIL_MISSING = suppressed_failure(
 
 
 def test_checks_that_failed_under_failed_when_false_are_check_failed():
-    result = report.preflight_result("h", NVML_MISSING, suppressed_failure("data_dir is required"), PSUTIL_MISSING)
+    result = host_result("h", NVML_MISSING, suppressed_failure("data_dir is required"), PSUTIL_MISSING)
     assert [(f["code"], f["level"], f["check"]) for f in result["findings"]] == [
         ("check_failed", "FAIL", "gpu_health"),
         ("check_failed", "FAIL", "box_health"),
@@ -123,18 +126,18 @@ def test_checks_that_failed_under_failed_when_false_are_check_failed():
     ]
     assert result["status"] == "FAIL"
     assert result["findings"][0]["message"].startswith("gpu_health could not run: Failed to import the required")
-    assert report.preflight_line(result).startswith("h  FAIL  no GPU seen  check_failed -> investigate")
+    assert preflight.preflight_line(result).startswith("h  FAIL  no GPU seen  check_failed -> investigate")
 
 
 def test_a_zombie_scan_that_failed_is_not_lost_beside_a_full_disk():
     full = dict(box_health([DISK_FULL]), status="FAIL")
-    result = report.preflight_result("full", dict(gpu_health(), status="PASS"), full, PSUTIL_MISSING)
+    result = host_result("full", dict(gpu_health(), status="PASS"), full, PSUTIL_MISSING)
     assert [(f["code"], f["level"]) for f in result["findings"]] == [("disk_low", "FAIL"), ("check_failed", "WARN")]
 
 
 def test_a_check_without_status_or_message_is_check_failed_with_its_stderr():
     crashed = {"changed": False, "failed": False, "module_stderr": "Killed\n", "module_stdout": "", "rc": 137}
-    found = report.preflight_result("h", gpu_health(), box_health(), crashed)["findings"]
+    found = host_result("h", gpu_health(), box_health(), crashed)["findings"]
     assert [(f["code"], f["level"], f["message"]) for f in found] == [
         ("check_failed", "WARN", "vram_zombies could not run: Killed")
     ]
@@ -153,7 +156,7 @@ def probe_answer(**changes):
 
 
 def test_runtime_probe_answer_is_validated_and_kept():
-    runtime = report.preflight_runtime(probe_answer(ready=True))
+    runtime = preflight.preflight_runtime(probe_answer(ready=True))
     assert runtime == {
         "ok": True,
         "wheel_tag": "py3.11-x86_64",
@@ -162,7 +165,7 @@ def test_runtime_probe_answer_is_validated_and_kept():
         "data_dir_problem": None,
         "findings": [],
     }
-    missing = report.preflight_runtime(probe_answer(data_dir={"usable": False, "problem": "does not exist"}))
+    missing = preflight.preflight_runtime(probe_answer(data_dir={"usable": False, "problem": "does not exist"}))
     assert (missing["ok"], missing["data_dir_usable"], missing["data_dir_problem"]) == (True, False, "does not exist")
 
 
@@ -173,7 +176,7 @@ def test_runtime_probe_of_a_box_without_python_is_runtime_probe_failed():
         module_stdout="",
         rc=127,
     )
-    runtime = report.preflight_runtime(no_python)
+    runtime = preflight.preflight_runtime(no_python)
     assert runtime["ok"] is False
     assert (runtime["wheel_tag"], runtime["ready"], runtime["data_dir_usable"]) == (None, False, False)
     assert [(f["code"], f["level"], f["action"]) for f in runtime["findings"]] == [
@@ -203,7 +206,7 @@ def test_runtime_probe_of_a_box_without_python_is_runtime_probe_failed():
     ],
 )
 def test_runtime_probe_answers_the_controller_cannot_trust_are_refused(probe, reason):
-    runtime = report.preflight_runtime(probe)
+    runtime = preflight.preflight_runtime(probe)
     assert (runtime["ok"], runtime["wheel_tag"], runtime["ready"]) == (False, None, False)
     assert [f["code"] for f in runtime["findings"]] == ["runtime_probe_failed"]
     assert reason in runtime["findings"][0]["message"]
@@ -211,92 +214,46 @@ def test_runtime_probe_answers_the_controller_cannot_trust_are_refused(probe, re
 
 
 def test_report_written_or_exit_passes_the_pattern_through_or_exits_3():
-    assert report.report_written_or_exit("fleet", "") == "fleet"
+    assert preflight.report_written_or_exit("fleet", "") == "fleet"
     with pytest.raises(SystemExit) as stopped:
-        report.report_written_or_exit("fleet", "Write the JSON report: Destination directory /x does not exist")
-    assert stopped.value.code == report.EXIT_REPORT_NOT_WRITTEN == 3
-
-
-def test_fleet_results_fills_in_hosts_without_a_result():
-    ok = report.preflight_result("a", gpu_health())
-    hostvars = {"a": {"preflight_result": ok, "other": 1}, "b": {"other": 2}}
-    results = report.fleet_results(["a", "b", "c"], hostvars)
-    assert results[0] == ok
-    assert [(r["host"], r["status"]) for r in results[1:]] == [("b", "UNREACHABLE"), ("c", "UNREACHABLE")]
+        preflight.report_written_or_exit("fleet", "Write the JSON report: Destination directory /x does not exist")
+    assert stopped.value.code == fleet.EXIT_REPORT_NOT_WRITTEN == 3
 
 
 def test_line_shows_status_gpus_and_worst_findings_first():
-    result = report.preflight_result("box1", gpu_health([NO_KLOG, XID79]), box_health())
-    assert report.preflight_line(result) == (
+    result = host_result("box1", gpu_health([NO_KLOG, XID79]), box_health())
+    assert preflight.preflight_line(result) == (
         f"box1  FAIL  1x {H100}  xid_hardware@gpu0 -> re_rent; kernel_log_unreadable -> investigate"
     )
 
 
 def test_line_limits_findings_and_handles_pass_and_unreachable():
-    many = report.preflight_result("b", gpu_health([NO_KLOG, XID79]), box_health([DISK_FULL]))
-    assert report.preflight_line(many, max_findings=1) == f"b  FAIL  1x {H100}  xid_hardware@gpu0 -> re_rent; +2 more"
-    assert report.preflight_line(report.preflight_result("ok", gpu_health(count=8))) == f"ok  PASS  8x {H100}"
-    down = report.unreachable_result("gone", "ssh: connect to host 10.0.0.9 port 22: No route to host")
-    assert report.preflight_line(down) == (
+    many = host_result("b", gpu_health([NO_KLOG, XID79]), box_health([DISK_FULL]))
+    assert (
+        preflight.preflight_line(many, max_findings=1) == f"b  FAIL  1x {H100}  xid_hardware@gpu0 -> re_rent; +2 more"
+    )
+    assert preflight.preflight_line(host_result("ok", gpu_health(count=8))) == f"ok  PASS  8x {H100}"
+    down = fleet.unreachable_result("gone", "ssh: connect to host 10.0.0.9 port 22: No route to host")
+    assert preflight.preflight_line(down) == (
         "gone  UNREACHABLE  ssh: connect to host 10.0.0.9 port 22: No route to host  -> re_rent or check the console"
     )
 
 
-def fleet():
-    return [
-        report.preflight_result("ok", gpu_health()),
-        report.preflight_result("warm", gpu_health([NO_KLOG])),
-        report.preflight_result("dead", gpu_health([XID79])),
-        report.preflight_result("full", gpu_health(), box_health([DISK_FULL])),
-        report.unreachable_result("gone"),
-    ]
+def test_the_finding_filter_checks_level_and_action_and_keeps_one_bounded_line():
+    built = preflight.finding_filter("preflight_error", "FAIL", "Check the GPUs:\n  timed  out", "investigate")
+    assert built == finding("preflight_error", "FAIL", "Check the GPUs: timed out", "investigate")
+    assert len(preflight.finding_filter("x", "WARN", "word " * 200, "none")["message"]) == preflight.MESSAGE_CHARS
+    with pytest.raises(AnsibleFilterError, match="PASS"):
+        preflight.finding_filter("x", "PASS", "fine", "none")
+    with pytest.raises(AnsibleFilterError, match="reboot"):
+        preflight.finding_filter("x", "WARN", "hot", "reboot")
 
 
-def test_fleet_summary_counts_and_exit_code():
-    summary = report.fleet_summary(fleet())
-    assert summary["counts"] == {"PASS": 1, "WARN": 1, "FAIL": 2, "UNREACHABLE": 1}
-    assert summary["hosts"] == 5
-    assert summary["re_rent"] == ["dead"]
-    assert summary["failed"] == ["dead", "full"]
-    assert summary["warned"] == ["warm"]
-    assert summary["unreachable"] == ["gone"]
-    assert summary["exit_code"] == 2
-    assert summary["status"] == "FAIL"
-    assert summary["line"] == (
-        "5 hosts: 1 PASS, 1 WARN, 2 FAIL, 1 UNREACHABLE; re-rent: dead; fix before launch: full; unreachable: gone"
-    )
-
-
-def test_fleet_summary_exit_codes_follow_the_contract():
-    results = fleet()
-    assert report.fleet_summary(results[:2])["exit_code"] == 0
-    assert report.fleet_summary(results[:2])["status"] == "WARN"
-    only_unreachable = report.fleet_summary([results[0], results[4]])
-    assert (only_unreachable["exit_code"], only_unreachable["status"]) == (4, "UNREACHABLE")
-    assert report.fleet_summary([])["line"] == "0 hosts: 0 PASS, 0 WARN, 0 FAIL"
-
-
-def test_fleet_summary_exit_code_when_the_report_could_not_be_written():
-    unreported = report.fleet_summary(fleet()[:2], "Write the JSON report: Permission denied")
-    assert unreported["exit_code"] == report.EXIT_REPORT_NOT_WRITTEN
-    assert unreported["report_error"] == "Write the JSON report: Permission denied"
-    assert unreported["counts"]["PASS"] == 1
-    assert "report_error" not in report.fleet_summary(fleet()[:2])
-
-
-def test_fleet_summary_rejects_unknown_status():
-    with pytest.raises(AnsibleFilterError, match="bogus"):
-        report.fleet_summary([{"host": "x", "status": "bogus"}])
-
-
-def test_filters_are_registered():
-    assert set(report.FilterModule().filters()) == {
-        "worst_status",
-        "preflight_result",
-        "unreachable_result",
-        "fleet_results",
-        "preflight_line",
-        "fleet_summary",
-        "preflight_runtime",
-        "report_written_or_exit",
-    }
+def test_a_check_failure_level_comes_from_the_role_and_is_checked():
+    crashed = {"check": "new_check", "level_if_failed": "WARN", "result": {"failed": True, "msg": "boom"}}
+    (found,) = preflight.preflight_result("h", [crashed])["findings"]
+    assert (found["code"], found["level"], found["check"]) == ("check_failed", "WARN", "new_check")
+    with pytest.raises(AnsibleFilterError, match="level"):
+        preflight.preflight_result("h", [dict(crashed, level_if_failed="PASS")])
+    with pytest.raises(AnsibleFilterError, match="list of checks"):
+        preflight.preflight_result("h", {"check": "gpu_health"})

@@ -1,6 +1,6 @@
 # Copyright (c) remote_gpu.trainer contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The preflight role's runtime probe: run by the box's base Python (3.8+, standard library only).
+"""The runtime probe (roles/runtime): run by the box's base Python (3.8+, standard library only).
 
     python3 -c "$(cat runtime_probe.py)" DATA_DIR VENV_PYTHON TIMEOUT_S
 

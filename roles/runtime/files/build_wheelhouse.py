@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Download wheels for a box's Python version and architecture into a wheelhouse, atomically.
 
-Runs on the controller (the preflight role calls it). pip's own wheel is included so the box can install
+Runs on the controller (the runtime role calls it). pip's own wheel is included so the box can install
 without ensurepip. The directory appears complete (with a ``.complete`` marker) or not at all, so parallel
 runs and interrupted downloads never leave a half wheelhouse behind.
 """

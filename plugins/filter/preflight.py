@@ -1,8 +1,10 @@
 # Copyright (c) remote_gpu.trainer contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters that turn module results into preflight reports: per-host results, one-line summaries, fleet counts.
+"""Preflight filters: one host's result from its checks, its report line, the runtime probe, findings.
 
 Documented per filter in the YAML files next to this one (``ansible-doc -t filter remote_gpu.trainer.<name>``).
+The filters know no module by name: the role says which checks ran, how a failure of each counts and which of
+their facts the report keeps.
 """
 
 from __future__ import annotations
@@ -15,37 +17,23 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 from ansible.errors import AnsibleFilterError
 from ansible.utils.display import Display
 
+from ansible_collections.remote_gpu.trainer.plugins.filter.fleet import EXIT_REPORT_NOT_WRITTEN, UNREACHABLE
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding, status_of
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import worst_status as _worst_of_levels
 
-UNREACHABLE = "UNREACHABLE"
-STATUSES = ("PASS", "WARN", "FAIL", UNREACHABLE)
-# A renter cannot fix these on a rented box: the only remedy is another box.
-RE_RENT_ACTIONS = ("re_rent", "reset_gpu")
-EXIT_OK = 0
-EXIT_FAILED = 2
-EXIT_UNREACHABLE = 4
-# Not an exit code ansible-playbook uses itself (0, 1, 2, 4, 5, 99, 250), so it cannot be mistaken for a verdict.
-EXIT_REPORT_NOT_WRITTEN = 3
-# A check that could not run: not knowing the GPU or the disks is a FAIL, not knowing about zombies a WARN.
-CHECK_FAILURE_LEVELS = {"gpu_health": "FAIL", "box_health": "FAIL", "vram_zombies": "WARN"}
-ZOMBIE_FACTS = ("status", "holders", "candidates", "killed", "failed", "kill_refused")
 # The box names its Python and architecture; the controller joins this into a cache path, so nothing else passes.
 WHEEL_TAG = re.compile(r"\Apy\d+\.\d+-[A-Za-z0-9_]+\Z")
 MESSAGE_CHARS = 300
 
 
-def worst_status(items: Iterable[Any]) -> str:
-    """Worst of PASS / WARN / FAIL among levels, findings (``level``) or results (``status``)."""
-    if isinstance(items, (str, Mapping)):
-        raise AnsibleFilterError("worst_status expects a list of levels, findings or results")
-    levels = []
-    for item in items:
-        if isinstance(item, Mapping):
-            levels.append(item.get("level", item.get("status", "PASS")))
-        else:
-            levels.append(str(item))
-    return _worst_of_levels(levels)
+def finding_filter(code: str, level: str, message: str, action: str, gpu: Optional[int] = None, **measured: Any):
+    """One finding built and checked by module_utils' ``finding()``; the message is made one bounded line."""
+    line = " ".join(str(message).split())
+    if len(line) > MESSAGE_CHARS:
+        line = line[: MESSAGE_CHARS - 3] + "..."
+    try:
+        return finding(str(code), str(level), line, str(action), gpu=gpu, **measured)
+    except ValueError as error:
+        raise AnsibleFilterError(f"finding {code!r}: {error}") from None
 
 
 def _ran(result: Optional[Mapping[str, Any]]) -> bool:
@@ -70,18 +58,32 @@ def _reason(result: Mapping[str, Any]) -> str:
     return "no message"
 
 
-def _check_findings(name: str, result: Optional[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """The check's own findings, or one ``check_failed`` finding when the module itself failed."""
+def _check(entry: Any) -> Mapping[str, Any]:
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("check"), str):
+        raise AnsibleFilterError(f"preflight_result: a check is {{check, level_if_failed, result}}, not {entry!r}")
+    return entry
+
+
+def _check_findings(check: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """The check's own findings, or one ``check_failed`` finding (at its ``level_if_failed``) when it failed."""
+    result = check.get("result")
     if not result or result.get("skipped"):
         return []
     if not _ran(result):
-        reason = _reason(result)
-        return [
-            finding(
-                "check_failed", CHECK_FAILURE_LEVELS[name], f"{name} could not run: {reason}", "investigate", check=name
-            )
-        ]
+        name = check["check"]
+        message = f"{name} could not run: {_reason(result)}"
+        return [finding_filter("check_failed", check.get("level_if_failed"), message, "investigate", check=name)]
     return list(result.get("findings", []))
+
+
+def _kept_facts(result: Mapping[str, Any], keep: Any) -> Any:
+    """A list of keys keeps those keys of the result; a dotted path keeps what is there (``{}`` when absent)."""
+    if isinstance(keep, str):
+        value: Any = result
+        for key in keep.split("."):
+            value = value.get(key, {}) if isinstance(value, Mapping) else {}
+        return value
+    return {key: result.get(key) for key in keep}
 
 
 def _gpu_model(gpus: List[Mapping[str, Any]]) -> Optional[str]:
@@ -90,22 +92,21 @@ def _gpu_model(gpus: List[Mapping[str, Any]]) -> Optional[str]:
 
 
 def preflight_result(
-    host: str,
-    gpu_health: Optional[Mapping[str, Any]] = None,
-    box_health: Optional[Mapping[str, Any]] = None,
-    vram_zombies: Optional[Mapping[str, Any]] = None,
-    errors: Optional[List[Mapping[str, Any]]] = None,
+    host: str, checks: Iterable[Any], errors: Optional[List[Mapping[str, Any]]] = None
 ) -> Dict[str, Any]:
-    """One host's preflight result from the registered module results (missing ones are skipped)."""
-    checks = {"gpu_health": gpu_health, "box_health": box_health, "vram_zombies": vram_zombies}
+    """One host's preflight result from its checks (``{check, level_if_failed, result, facts}`` each)."""
+    if isinstance(checks, (str, Mapping)):
+        raise AnsibleFilterError("preflight_result expects a list of checks")
     findings: List[Dict[str, Any]] = []
-    for name, check in checks.items():
-        findings.extend(_check_findings(name, check))
+    facts: Dict[str, Any] = {}
+    gpus: List[Mapping[str, Any]] = []
+    for check in map(_check, checks):
+        findings.extend(_check_findings(check))
+        result = _usable(check.get("result"))
+        gpus.extend(result.get("gpus") or [])
+        for name, keep in (check.get("facts") or {}).items():
+            facts[name] = _kept_facts(result, keep)
     findings.extend(errors or [])
-    gpu_health = _usable(gpu_health)
-    box_health = _usable(box_health)
-    zombies = _usable(vram_zombies)
-    gpus = list(gpu_health.get("gpus", []))
     return {
         "host": host,
         "reachable": True,
@@ -113,12 +114,7 @@ def preflight_result(
         "gpu_model": _gpu_model(gpus),
         "gpu_count": len(gpus),
         "findings": findings,
-        "facts": {
-            "gpu": {key: gpu_health.get(key) for key in ("backend", "driver_version", "cuda_version", "gpus")},
-            "disk": box_health.get("facts", {}).get("disk", {}),
-            "memory": box_health.get("facts", {}).get("memory", {}),
-            "vram_zombies": {key: zombies.get(key) for key in ZOMBIE_FACTS},
-        },
+        "facts": facts,
     }
 
 
@@ -194,23 +190,6 @@ def report_written_or_exit(hosts: str, report_error: str) -> str:
     sys.exit(EXIT_REPORT_NOT_WRITTEN)
 
 
-def unreachable_result(host: str, reason: str = "host unreachable") -> Dict[str, Any]:
-    """The result recorded for a host that never answered."""
-    return {"host": host, "reachable": False, "status": UNREACHABLE, "error": reason, "findings": []}
-
-
-def fleet_results(hostnames: Iterable[str], hostvars: Mapping[str, Any], key: str = "preflight_result") -> List[Any]:
-    """Every host's result in ``hostvars``; a host without one never answered (or stopped before its checks)."""
-    results = []
-    for host in hostnames:
-        host_vars = hostvars.get(host, {})
-        if key in host_vars:
-            results.append(host_vars[key])
-        else:
-            results.append(unreachable_result(host, "unreachable, or stopped before its checks ran"))
-    return results
-
-
 def _ordered(findings: Iterable[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
     """FAIL before WARN, then in the order found (the modules report the most telling finding first)."""
     return sorted(findings, key=lambda f: 0 if f.get("level") == "FAIL" else 1)
@@ -234,70 +213,14 @@ def preflight_line(result: Mapping[str, Any], max_findings: int = 3) -> str:
     return f"{host}  {status}  {gpus}" + (f"  {'; '.join(parts)}" if parts else "")
 
 
-def _needs_new_box(result: Mapping[str, Any]) -> bool:
-    return any(f.get("level") == "FAIL" and f.get("action") in RE_RENT_ACTIONS for f in result.get("findings", []))
-
-
-def fleet_summary(results: Iterable[Mapping[str, Any]], report_error: str = "") -> Dict[str, Any]:
-    """Counts per status, hosts to re-rent, unreachable hosts, the wrapper's exit code and one summary line.
-
-    With ``report_error`` (why the report could not be written) the exit code is ``EXIT_REPORT_NOT_WRITTEN``.
-    """
-    results = list(results)
-    counts = dict.fromkeys(STATUSES, 0)
-    by_status: Dict[str, List[str]] = {status: [] for status in STATUSES}
-    re_rent = []
-    for result in results:
-        status = result.get("status", "PASS") if result.get("reachable", True) else UNREACHABLE
-        if status not in counts:
-            raise AnsibleFilterError(f"fleet_summary: host {result.get('host')!r} has unknown status {status!r}")
-        counts[status] += 1
-        by_status[status].append(result.get("host"))
-        if status == "FAIL" and _needs_new_box(result):
-            re_rent.append(result.get("host"))
-    if counts["FAIL"]:
-        exit_code = EXIT_FAILED
-    elif counts[UNREACHABLE]:
-        exit_code = EXIT_UNREACHABLE
-    else:
-        exit_code = EXIT_OK
-    if report_error:
-        exit_code = EXIT_REPORT_NOT_WRITTEN
-    line = f"{len(results)} hosts: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s] or s != UNREACHABLE)
-    if re_rent:
-        line += f"; re-rent: {', '.join(re_rent)}"
-    other_fail = [host for host in by_status["FAIL"] if host not in re_rent]
-    if other_fail:
-        line += f"; fix before launch: {', '.join(other_fail)}"
-    if by_status[UNREACHABLE]:
-        line += f"; unreachable: {', '.join(by_status[UNREACHABLE])}"
-    summary = {
-        "hosts": len(results),
-        "counts": counts,
-        "status": "FAIL" if counts["FAIL"] else (UNREACHABLE if counts[UNREACHABLE] else worst_status(results)),
-        "exit_code": exit_code,
-        "re_rent": re_rent,
-        "failed": by_status["FAIL"],
-        "warned": by_status["WARN"],
-        "unreachable": by_status[UNREACHABLE],
-        "line": line,
-    }
-    if report_error:
-        summary["report_error"] = report_error
-    return summary
-
-
 class FilterModule:
     """Preflight report filters."""
 
     def filters(self) -> Dict[str, Any]:
         return {
-            "worst_status": worst_status,
+            "finding": finding_filter,
             "preflight_result": preflight_result,
-            "unreachable_result": unreachable_result,
-            "fleet_results": fleet_results,
             "preflight_line": preflight_line,
-            "fleet_summary": fleet_summary,
             "preflight_runtime": preflight_runtime,
             "report_written_or_exit": report_written_or_exit,
         }

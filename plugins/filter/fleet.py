@@ -1,0 +1,122 @@
+# Copyright (c) remote_gpu.trainer contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Fleet-level filters: the worst status, every targeted host's result, the fleet summary and its exit code.
+
+Documented per filter in the YAML files next to this one (``ansible-doc -t filter remote_gpu.trainer.<name>``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Mapping
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import worst_status as _worst_of_levels
+
+UNREACHABLE = "UNREACHABLE"
+STATUSES = ("PASS", "WARN", "FAIL", UNREACHABLE)
+# A renter cannot fix these on a rented box: the only remedy is another box.
+RE_RENT_ACTIONS = ("re_rent", "reset_gpu")
+EXIT_OK = 0
+EXIT_FAILED = 2
+EXIT_UNREACHABLE = 4
+# Not an exit code ansible-playbook uses itself (0, 1, 2, 4, 5, 99, 250), so it cannot be mistaken for a verdict.
+EXIT_REPORT_NOT_WRITTEN = 3
+
+
+def worst_status(items: Iterable[Any]) -> str:
+    """Worst of PASS / WARN / FAIL among levels, findings (``level``) or results (``status``); others raise."""
+    if isinstance(items, (str, Mapping)):
+        raise AnsibleFilterError("worst_status expects a list of levels, findings or results")
+    levels = []
+    for item in items:
+        if isinstance(item, Mapping):
+            levels.append(item.get("level", item.get("status", "PASS")))
+        else:
+            levels.append(str(item))
+    try:
+        return _worst_of_levels(levels)
+    except ValueError as error:
+        raise AnsibleFilterError(f"worst_status: {error}") from None
+
+
+def unreachable_result(host: str, reason: str = "host unreachable") -> Dict[str, Any]:
+    """The result recorded for a host that never answered."""
+    return {"host": host, "reachable": False, "status": UNREACHABLE, "error": reason, "findings": []}
+
+
+def fleet_results(hostnames: Iterable[str], hostvars: Mapping[str, Any], key: str = "preflight_result") -> List[Any]:
+    """Every host's result in ``hostvars``; a host without one never answered (or stopped before its checks)."""
+    results = []
+    for host in hostnames:
+        host_vars = hostvars.get(host, {})
+        if key in host_vars:
+            results.append(host_vars[key])
+        else:
+            results.append(unreachable_result(host, "unreachable, or stopped before its checks ran"))
+    return results
+
+
+def _needs_new_box(result: Mapping[str, Any]) -> bool:
+    return any(f.get("level") == "FAIL" and f.get("action") in RE_RENT_ACTIONS for f in result.get("findings", []))
+
+
+def fleet_summary(results: Iterable[Mapping[str, Any]], report_error: str = "") -> Dict[str, Any]:
+    """Counts per status, hosts to re-rent, unreachable hosts, the wrapper's exit code and one summary line.
+
+    With ``report_error`` (why the report could not be written) the exit code is ``EXIT_REPORT_NOT_WRITTEN``.
+    """
+    results = list(results)
+    counts = dict.fromkeys(STATUSES, 0)
+    by_status: Dict[str, List[str]] = {status: [] for status in STATUSES}
+    re_rent = []
+    for result in results:
+        status = result.get("status", "PASS") if result.get("reachable", True) else UNREACHABLE
+        if status not in counts:
+            raise AnsibleFilterError(f"fleet_summary: host {result.get('host')!r} has unknown status {status!r}")
+        counts[status] += 1
+        by_status[status].append(result.get("host"))
+        if status == "FAIL" and _needs_new_box(result):
+            re_rent.append(result.get("host"))
+    if counts["FAIL"]:
+        exit_code = EXIT_FAILED
+    elif counts[UNREACHABLE]:
+        exit_code = EXIT_UNREACHABLE
+    else:
+        exit_code = EXIT_OK
+    if report_error:
+        exit_code = EXIT_REPORT_NOT_WRITTEN
+    line = f"{len(results)} hosts: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s] or s != UNREACHABLE)
+    if re_rent:
+        line += f"; re-rent: {', '.join(re_rent)}"
+    other_fail = [host for host in by_status["FAIL"] if host not in re_rent]
+    if other_fail:
+        line += f"; fix before launch: {', '.join(other_fail)}"
+    if by_status[UNREACHABLE]:
+        line += f"; unreachable: {', '.join(by_status[UNREACHABLE])}"
+    summary = {
+        "hosts": len(results),
+        "counts": counts,
+        "status": "FAIL" if counts["FAIL"] else (UNREACHABLE if counts[UNREACHABLE] else worst_status(results)),
+        "exit_code": exit_code,
+        "re_rent": re_rent,
+        "failed": by_status["FAIL"],
+        "warned": by_status["WARN"],
+        "unreachable": by_status[UNREACHABLE],
+        "line": line,
+    }
+    if report_error:
+        summary["report_error"] = report_error
+    return summary
+
+
+class FilterModule:
+    """Fleet-level report filters."""
+
+    def filters(self) -> Dict[str, Any]:
+        return {
+            "worst_status": worst_status,
+            "unreachable_result": unreachable_result,
+            "fleet_results": fleet_results,
+            "fleet_summary": fleet_summary,
+        }
