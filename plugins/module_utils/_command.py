@@ -5,50 +5,44 @@
 A *runner* is any callable ``run(argv, timeout) -> (rc, stdout, stderr)``. Probes take a runner
 as an argument so tests can hand in canned output and modules can choose how commands are run.
 Return codes follow coreutils ``timeout``: 124 when the time ran out, 127 when the binary is missing.
-The plain subprocess runner lives in ``_kernel_log`` (written first) and is re-exported here.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+import os
+import subprocess
+from typing import Callable, List, Tuple
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._kernel_log import (
-    RC_MISSING as RC_NOT_FOUND,
-)
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._kernel_log import (
-    RC_TIMEOUT,
-    Runner,
-    subprocess_runner,
-)
+Runner = Callable[[List[str], float], Tuple[int, str, str]]
 
-__all__ = ["RC_NOT_FOUND", "RC_TIMEOUT", "Runner", "module_runner", "subprocess_runner"]
-
-# Tool output is parsed, so keep it untranslated.
-_C_LOCALE = {"LC_ALL": "C", "LANG": "C"}
+RC_TIMEOUT = 124
+RC_NOT_EXECUTABLE = 126
+RC_NOT_FOUND = 127
+# A bound on the text kept from one command; the kernel ring buffer is itself bounded (log_buf_len).
+MAX_BYTES = 64 * 1024 * 1024
 
 
-def _text(data: Any) -> str:
-    if data is None:
-        return ""
-    if isinstance(data, bytes):
-        return data.decode("utf-8", errors="replace")
-    return str(data)
+def subprocess_runner(argv: List[str], timeout: float) -> Tuple[int, str, str]:
+    """Run ``argv`` (no shell) with a timeout: (rc, stdout, stderr); rc 124 on timeout, 127 when missing."""
+    # Tool output is parsed, so keep it untranslated.
+    env = dict(os.environ, LC_ALL="C", LANG="C")
+    try:
+        done = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            env=env,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return RC_TIMEOUT, "", f"timed out after {timeout:g} s"
+    except FileNotFoundError:
+        return RC_NOT_FOUND, "", f"{argv[0]}: command not found"
+    except PermissionError as exc:
+        return RC_NOT_EXECUTABLE, "", f"{argv[0]}: {exc.strerror}"
+    return done.returncode, _text(done.stdout), _text(done.stderr)
 
 
-def module_runner(module: Any) -> Runner:
-    """A runner on top of ``AnsibleModule.run_command``.
-
-    ``run_command`` has no timeout, so the command is wrapped in coreutils ``timeout`` (which
-    exits 124 on expiry, 127 for a missing binary, instead of ``run_command`` failing the module);
-    without ``timeout`` on the node this falls back to ``subprocess_runner``.
-    """
-    timeout_bin = module.get_bin_path("timeout")
-
-    def run(argv: List[str], timeout: float) -> Tuple[int, str, str]:
-        if timeout_bin is None:
-            return subprocess_runner(argv, timeout)
-        wrapped = [timeout_bin, "--kill-after=2", f"{timeout:g}", *argv]
-        rc, out, err = module.run_command(wrapped, environ_update=dict(_C_LOCALE), expand_user_and_vars=False)
-        return rc, _text(out), _text(err)
-
-    return run
+def _text(data: bytes) -> str:
+    return data[-MAX_BYTES:].decode("utf-8", errors="replace")

@@ -19,52 +19,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_links import link_findings
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import REASON_BITS, reason_names
 
-NOT_SUPPORTED = "not_supported"
-
-# NVML clocks event reason bits (nvmlClocksEventReason*), in nvidia-smi's order.
-REASON_BITS: Tuple[Tuple[int, str], ...] = (
-    (0x1, "gpu_idle"),
-    (0x2, "applications_clocks_setting"),
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal_slowdown"),
-    (0x40, "hw_thermal_slowdown"),
-    (0x80, "hw_power_brake_slowdown"),
-    (0x100, "display_clock_setting"),
-)
 # Reasons that mean the board is holding its clocks down against the workload's will. SW power
 # cap is not here: a loaded GPU riding its power limit is working as designed.
 THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
-
-DEFAULT_THRESHOLDS: Dict[str, Any] = {
-    "temp_hot_c": 83,
-    "sm_clock_floor_pct": 70,
-    "power_cap_pct": 90,
-    "occupied_mib_threshold": 1024,
-    "expected_gpu_count": None,
-    "expected_gpu_model": None,
-    "min_driver_version": None,
-    "min_cuda_version": None,
-    "allow_mig": False,
-    "expected_nvlinks": None,
-}
-
-
-def reason_names(mask: Optional[int]) -> List[str]:
-    """Snake_case names of the bits set in an NVML clocks event reasons mask."""
-    if not mask:
-        return []
-    return [name for bit, name in REASON_BITS if mask & bit]
-
-
-def reason_mask(names: List[str]) -> int:
-    bits = {name: bit for bit, name in REASON_BITS}
-    mask = 0
-    for name in names:
-        mask |= bits.get(name, 0)
-    return mask
 
 
 def version_tuple(text: Any) -> Optional[Tuple[int, ...]]:
@@ -83,13 +42,6 @@ def compare_versions(left: Any, right: Any) -> Optional[int]:
     return (a > b) - (a < b)
 
 
-def cuda_version_text(value: Optional[int]) -> Optional[str]:
-    """NVML's CUDA driver version integer (12040) as nvidia-smi prints it (``12.4``)."""
-    if not value:
-        return None
-    return f"{value // 1000}.{(value % 1000) // 10}"
-
-
 def window_summary(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Min/max of the sampled readings over the window, plus the sample count."""
     summary: Dict[str, Any] = {"samples": len(samples)}
@@ -99,13 +51,17 @@ def window_summary(samples: List[Dict[str, Any]]) -> Dict[str, Any]:
     return summary
 
 
-def _window_reasons(samples: List[Dict[str, Any]]) -> Tuple[List[str], Dict[str, int]]:
+def window_reasons(samples: List[Dict[str, Any]]) -> Tuple[List[str], Dict[str, int]]:
     """Reasons active in any sample, in NVML bit order, and in how many samples each was active."""
     counts: Dict[str, int] = {}
     for sample in samples:
         for name in reason_names(sample.get("reasons")):
             counts[name] = counts.get(name, 0) + 1
     return [name for _bit, name in REASON_BITS if name in counts], counts
+
+
+def _idle(sample: Dict[str, Any]) -> bool:
+    return "gpu_idle" in reason_names(sample.get("reasons"))
 
 
 def _thermal_findings(gpu: Dict[str, Any], limits: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -119,9 +75,7 @@ def _thermal_findings(gpu: Dict[str, Any], limits: Dict[str, Any]) -> List[Dict[
         floor_mhz = max_mhz * floor_pct / 100.0
         # An idle GPU parks its clocks on purpose; only a busy (or unknown) sample can be "crushed".
         crushed = [
-            s
-            for s in hot
-            if s.get("sm_clock_mhz") is not None and s["sm_clock_mhz"] < floor_mhz and not (s.get("reasons") or 0) & 0x1
+            s for s in hot if s.get("sm_clock_mhz") is not None and s["sm_clock_mhz"] < floor_mhz and not _idle(s)
         ]
         if crushed:
             worst = min(crushed, key=lambda s: s["sm_clock_mhz"])
@@ -157,7 +111,7 @@ def _thermal_findings(gpu: Dict[str, Any], limits: Dict[str, Any]) -> List[Dict[
 
 def _throttle_findings(gpu: Dict[str, Any]) -> List[Dict[str, Any]]:
     samples = gpu.get("samples") or []
-    _names, counts = _window_reasons(samples)
+    _names, counts = window_reasons(samples)
     active = [name for name in THROTTLE_REASONS if name in counts]
     if not active:
         return []

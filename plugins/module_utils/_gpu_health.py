@@ -2,9 +2,10 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """gpu_health without Ansible: pick a backend, sample a window, read the kernel log, judge.
 
-``check_gpu_health(options, run, nvml)`` returns the module's result (less ``changed``). The
-backends fill one data model (see ``_gpu_checks``); the verdict is the same pure functions
-whichever backend read the GPUs.
+``check_gpu_health(options, run, nvml)`` returns the module's result (less ``changed``); ``options``
+are the module's parameters, every one present (the module's argument spec holds the defaults). The
+backends fill one data model (see ``_gpu_checks``); the verdict is the same pure functions whichever
+backend read the GPUs.
 """
 
 from __future__ import annotations
@@ -19,35 +20,21 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils import _kernel_
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._command import Runner
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding, status_of
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_checks import (
-    DEFAULT_THRESHOLDS,
     box_findings,
     gpu_findings,
-    reason_names,
+    window_reasons,
     window_summary,
 )
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import bus_key, normalize_bus_id, same_gpu
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_nvml import (
     NvmlBackend,
     NvmlLibraryMissing,
     NvmlNoDriver,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_smi import SmiBackend, SmiError, SmiNoDriver
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._pci import bus_key, normalize_bus_id, same_gpu
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._xid_findings import xid_findings
 
 BACKENDS = ("auto", "nvml", "nvidia-smi")
-DEFAULT_OPTIONS: Dict[str, Any] = dict(
-    DEFAULT_THRESHOLDS,
-    backend="auto",
-    gpus=None,
-    sample_seconds=3.0,
-    # NVML refreshes clocks, temperature and event reasons several times a second; 0.5 s catches a
-    # throttle episode of a second or more within a 3 s window at half the cost of 0.25 s, and a
-    # nvidia-smi call (about 0.1 s on a loaded 8-GPU box) still fits between two samples.
-    sample_interval_s=0.5,
-    command_timeout_s=10.0,
-    xid_since="boot",
-    kernel_log_timeout_s=10.0,
-)
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 # Ten years is the whole log of any box; longer durations overflow datetime arithmetic.
@@ -137,10 +124,7 @@ def _public_gpu(gpu: Dict[str, Any]) -> Dict[str, Any]:
     """A GPU of the data model as the module returns it (the latest sample on top, window below)."""
     samples = gpu.pop("samples")
     last = samples[-1] if samples else {}
-    seen_mask = 0
-    for sample in samples:
-        seen_mask |= sample.get("reasons") or 0
-    public = {
+    return {
         "index": gpu["index"],
         "name": gpu.get("name"),
         "uuid": gpu.get("uuid"),
@@ -154,7 +138,7 @@ def _public_gpu(gpu: Dict[str, Any]) -> Dict[str, Any]:
         "memory_total_mib": gpu.get("memory_total_mib"),
         "power_limit_w": gpu.get("power_limit_w"),
         "power_default_limit_w": gpu.get("power_default_limit_w"),
-        "clocks_event_reasons": reason_names(seen_mask),
+        "clocks_event_reasons": window_reasons(samples)[0],
         "persistence_mode": gpu.get("persistence_mode"),
         "pcie": gpu.get("pcie") or {},
         "processes": gpu.get("processes") or [],
@@ -165,7 +149,6 @@ def _public_gpu(gpu: Dict[str, Any]) -> Dict[str, Any]:
         "mig_mode": gpu.get("mig_mode") or {},
         "window": window_summary(samples),
     }
-    return public
 
 
 def _read_kernel_log(
@@ -235,6 +218,93 @@ def _without_duplicate_losses(xid_found: List[Dict[str, Any]], gpus: List[Dict[s
     return kept
 
 
+def _reject_bad_values(options: Dict[str, Any], now: datetime) -> None:
+    """Option values only the checks can validate, rejected before spending the sampling window."""
+    parse_since(options["xid_since"], now)
+    if options["expected_gpu_model"]:
+        try:
+            re.compile(options["expected_gpu_model"])
+        except re.error as exc:
+            raise ValueError(f"expected_gpu_model is not a valid regular expression: {exc}") from None
+
+
+def _attach_processes(backend: Any, gpus: List[Dict[str, Any]], is_visible: Callable[[int], bool]) -> None:
+    """Each GPU's compute processes, each marked visible or not in this PID namespace; losses seen meanwhile."""
+    processes = backend.processes()
+    for gpu in gpus:
+        gpu["lost"] = gpu.get("lost") or gpu["index"] in backend.lost_indexes()
+        gpu["processes"] = [
+            dict(proc, visible=bool(is_visible(proc["pid"]))) for proc in processes.get(gpu["index"], [])
+        ]
+
+
+def _read_gpus(
+    backend: Any,
+    options: Dict[str, Any],
+    requested: Optional[List[int]],
+    events: List[Dict[str, Any]],
+    *,
+    sleep: Callable[[float], None],
+    monotonic: Callable[[], float],
+    is_visible: Callable[[int], bool],
+) -> Tuple[Dict[str, Optional[str]], Optional[List[Dict[str, Any]]], List[Dict[str, Any]]]:
+    """(driver and CUDA versions, every GPU or None, findings): the requested GPUs get a sampled window.
+
+    nvidia-smi failing part-way is a finding, and what was read before it is still judged.
+    """
+    versions: Dict[str, Optional[str]] = {"driver_version": None, "cuda_version": None}
+    all_gpus: Optional[List[Dict[str, Any]]] = None
+    found: List[Dict[str, Any]] = []
+    try:
+        versions.update(backend.versions())
+        all_gpus = backend.inventory()
+        selected = [gpu for gpu in all_gpus if requested is None or gpu["index"] in requested]
+        for gpu in selected:
+            gpu["samples"] = []
+        seconds, interval = options["sample_seconds"], options["sample_interval_s"]
+        _sample_window(backend, selected, seconds=seconds, interval=interval, sleep=sleep, monotonic=monotonic)
+        _attach_processes(backend, selected, is_visible)
+        _name_lost_gpus(backend, all_gpus, events)
+    except SmiError as exc:
+        found.append(finding("gpu_query_failed", "WARN", f"reading the GPUs failed part-way: {exc}", "investigate"))
+    finally:
+        backend.close()
+    return versions, all_gpus, found
+
+
+def _judge_gpus(
+    all_gpus: Optional[List[Dict[str, Any]]],
+    requested: Optional[List[int]],
+    options: Dict[str, Any],
+    versions: Dict[str, Optional[str]],
+) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """(box and per-GPU findings, the sampled GPUs as the module returns them)."""
+    found: List[Dict[str, Any]] = []
+    if all_gpus is not None:  # an inventory that failed says nothing about the GPU count
+        found += box_findings(all_gpus, requested, options, versions["driver_version"], versions["cuda_version"])
+    sampled = [gpu for gpu in all_gpus or [] if "samples" in gpu]
+    for gpu in sampled:
+        found += gpu_findings(gpu, options)
+    return found, [_public_gpu(gpu) for gpu in sampled]
+
+
+def _kernel_log_findings(
+    options: Dict[str, Any],
+    events: Optional[List[Dict[str, Any]]],
+    unreadable: Optional[Dict[str, Any]],
+    all_gpus: Optional[List[Dict[str, Any]]],
+    *,
+    requested: Optional[List[int]],
+    now: datetime,
+) -> List[Dict[str, Any]]:
+    """The Xid findings of the requested GPUs (and of no GPU in particular), or kernel_log_unreadable."""
+    if unreadable is not None:
+        return [unreadable]
+    found = _xid_findings(options, events or [], all_gpus, now)
+    found = [f for f in found if requested is None or f.get("gpu") is None or f["gpu"] in requested]
+    return _without_duplicate_losses(found, all_gpus or [])
+
+
 def check_gpu_health(
     options: Dict[str, Any],
     run: Runner,
@@ -245,68 +315,25 @@ def check_gpu_health(
     is_visible: Callable[[int], bool] = pid_visible,
     now: Optional[datetime] = None,
 ) -> Dict[str, Any]:
-    """Run every gpu_health check; ``options`` are the module's parameters (defaults filled in)."""
-    opts = dict(DEFAULT_OPTIONS)
-    opts.update({key: value for key, value in options.items() if value is not None})
+    """Run every gpu_health check; ``options`` are the module's parameters, every one present."""
     now = now or datetime.now(timezone.utc)
-    # Reject bad option values before spending the sampling window.
-    parse_since(opts["xid_since"], now)
-    if opts["expected_gpu_model"]:
-        try:
-            re.compile(opts["expected_gpu_model"])
-        except re.error as exc:
-            raise ValueError(f"expected_gpu_model is not a valid regular expression: {exc}") from None
-    findings: List[Dict[str, Any]] = []
-    result: Dict[str, Any] = {"driver_version": None, "cuda_version": None, "gpus": []}
-    all_gpus: Optional[List[Dict[str, Any]]] = None
-    requested = opts["gpus"] or None
-
+    _reject_bad_values(options, now)
+    requested = options["gpus"] or None
     # Read first: naming a lost GPU needs the log's addresses while NVML is still open.
-    result["kernel_log"], events, unreadable = _read_kernel_log(opts, run)
-    backend, no_driver, backend_name = _open_backend(opts["backend"], run, nvml, opts["command_timeout_s"])
-    result["backend"] = backend_name
+    kernel_log, events, unreadable = _read_kernel_log(options, run)
+    backend, no_driver, backend_name = _open_backend(options["backend"], run, nvml, options["command_timeout_s"])
+    result: Dict[str, Any] = {"driver_version": None, "cuda_version": None, "gpus": []}
+    result.update(kernel_log=kernel_log, backend=backend_name)
+    all_gpus: Optional[List[Dict[str, Any]]] = None
     if backend is None:
-        findings.append(finding("no_driver", "FAIL", f"no usable NVIDIA driver: {no_driver}", "re_rent"))
+        findings = [finding("no_driver", "FAIL", f"no usable NVIDIA driver: {no_driver}", "re_rent")]
     else:
-        try:
-            result.update(backend.versions())
-            all_gpus = backend.inventory()
-            selected = [gpu for gpu in all_gpus if requested is None or gpu["index"] in requested]
-            for gpu in selected:
-                gpu["samples"] = []
-            _sample_window(
-                backend,
-                selected,
-                seconds=opts["sample_seconds"],
-                interval=opts["sample_interval_s"],
-                sleep=sleep,
-                monotonic=monotonic,
-            )
-            processes = backend.processes()
-            for gpu in selected:
-                gpu["lost"] = gpu.get("lost") or gpu["index"] in backend.lost_indexes()
-                gpu["processes"] = [
-                    dict(proc, visible=bool(is_visible(proc["pid"]))) for proc in processes.get(gpu["index"], [])
-                ]
-            _name_lost_gpus(backend, all_gpus, events or [])
-        except SmiError as exc:
-            findings.append(
-                finding("gpu_query_failed", "WARN", f"reading the GPUs failed part-way: {exc}", "investigate")
-            )
-        finally:
-            backend.close()
-        if all_gpus is not None:  # an inventory that failed says nothing about the GPU count
-            findings += box_findings(all_gpus, requested, opts, result["driver_version"], result["cuda_version"])
-        selected = [gpu for gpu in all_gpus or [] if "samples" in gpu]
-        for gpu in selected:
-            findings += gpu_findings(gpu, opts)
-        result["gpus"] = [_public_gpu(gpu) for gpu in selected]
-
-    if unreadable is not None:
-        findings.append(unreadable)
-    else:
-        xid_found = _xid_findings(opts, events or [], all_gpus, now)
-        xid_found = [f for f in xid_found if requested is None or f.get("gpu") is None or f["gpu"] in requested]
-        findings += _without_duplicate_losses(xid_found, all_gpus or [])
-    result.update(findings=findings, status=status_of(findings), sample_seconds=opts["sample_seconds"])
+        versions, all_gpus, findings = _read_gpus(
+            backend, options, requested, events or [], sleep=sleep, monotonic=monotonic, is_visible=is_visible
+        )
+        result.update(versions)
+        verdicts, result["gpus"] = _judge_gpus(all_gpus, requested, options, versions)
+        findings += verdicts
+    findings += _kernel_log_findings(options, events, unreadable, all_gpus, requested=requested, now=now)
+    result.update(findings=findings, status=status_of(findings), sample_seconds=options["sample_seconds"])
     return result

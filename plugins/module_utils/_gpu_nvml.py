@@ -1,9 +1,9 @@
 # Copyright (c) remote_gpu.trainer contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The NVML backend of gpu_health (through the ``pynvml`` module of package nvidia-ml-py).
+"""The one NVML reader (the ``pynvml`` module of package nvidia-ml-py): gpu_health's backend and vram_zombies' view.
 
-The ``pynvml`` module is passed in, so the module decides how it is imported and tests can run
-the real binding against the simulator's library. One lost GPU must not abort the run: every
+The ``pynvml`` module is passed in, so each module decides how it is imported and tests can run
+the real binding against the simulator's library, or a stub. One lost GPU must not abort the run: every
 per-device call is guarded, NVML_ERROR_GPU_IS_LOST marks that GPU lost and stops reading it, and
 other errors (not supported, no permission, a symbol the driver lacks) read as "no value".
 """
@@ -11,12 +11,17 @@ other errors (not supported, no permission, a symbol the driver lacks) read as "
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, List, Optional
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_checks import NOT_SUPPORTED, cuda_version_text
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._pci import normalize_bus_id
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import (
+    MIB,
+    NOT_SUPPORTED,
+    Gpu,
+    cuda_version_text,
+    normalize_bus_id,
+)
 
-_MIB = 1024 * 1024
 _NA = object()  # a reading NVML could not give
 _UNSUPPORTED = object()  # NVML_ERROR_NOT_SUPPORTED: the feature does not exist on this GPU
 
@@ -133,7 +138,7 @@ class NvmlBackend:
             "uuid": _text(uuid) if uuid is not None else None,
             "pci_bus_id": normalize_bus_id(_text(pci.busId)) if _ok(pci) else None,
             "sm_clock_max_mhz": self._read("nvmlDeviceGetMaxClockInfo", handle, nvml.NVML_CLOCK_SM),
-            "memory_total_mib": memory.total // _MIB if _ok(memory) else None,
+            "memory_total_mib": memory.total // MIB if _ok(memory) else None,
             "power_limit_w": self._read("nvmlDeviceGetEnforcedPowerLimit", handle, scale=1000.0),
             "power_default_limit_w": self._read("nvmlDeviceGetPowerManagementDefaultLimit", handle, scale=1000.0),
             "persistence_mode": bool(persistence) if persistence is not None else None,
@@ -223,7 +228,7 @@ class NvmlBackend:
                     "temperature_c": self._read("nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU),
                     "sm_clock_mhz": self._read("nvmlDeviceGetClockInfo", handle, nvml.NVML_CLOCK_SM),
                     "power_draw_w": self._read("nvmlDeviceGetPowerUsage", handle, scale=1000.0),
-                    "memory_used_mib": memory.used // _MIB if _ok(memory) else None,
+                    "memory_used_mib": memory.used // MIB if _ok(memory) else None,
                     "reasons": reasons if _ok(reasons) else None,
                 }
             except _GpuLost:
@@ -241,13 +246,7 @@ class NvmlBackend:
             except _GpuLost:
                 self._lost[index] = True
                 continue
-            found[index] = [
-                {
-                    "pid": int(proc.pid),
-                    "used_memory_mib": int(proc.usedGpuMemory) // _MIB if proc.usedGpuMemory is not None else None,
-                }
-                for proc in (listed if _ok(listed) else [])
-            ]
+            found[index] = _process_entries(listed)
         return found
 
     def claim(self, bus_ids: List[str]) -> List[str]:
@@ -265,6 +264,61 @@ class NvmlBackend:
     def lost_indexes(self) -> List[int]:
         return sorted(index for index, lost in self._lost.items() if lost)
 
+    # ----------------------------------------------------------------- vram_zombies' view
+
+    def gpu_view(self, observe_s: float, interval_s: float, pid_exists: Callable[[int], bool]) -> List[Gpu]:
+        """Every GPU with its memory, compute processes and utilization sampled over ``observe_s``."""
+        nvml = self.nvml
+        # Unguarded (NVMLError goes to the caller): without the GPU list there is no view at all.
+        handles = [nvml.nvmlDeviceGetHandleByIndex(index) for index in range(nvml.nvmlDeviceGetCount())]
+        utilization = self._utilization_window(handles, observe_s, interval_s)
+        return [self._gpu_of(index, handle, utilization[index], pid_exists) for index, handle in enumerate(handles)]
+
+    def _optional(self, function: str, *args: Any) -> Any:
+        """A reading the view can do without: None when NVML cannot give it, a lost GPU included."""
+        try:
+            value = self._call(function, *args)
+        except _GpuLost:
+            return None
+        return value if _ok(value) else None
+
+    def _utilization_window(self, handles: List[Any], observe_s: float, interval_s: float) -> List[List[int]]:
+        samples: List[List[int]] = [[] for _handle in handles]
+        deadline = time.monotonic() + max(observe_s, 0.0)
+        while observe_s > 0:
+            for index, handle in enumerate(handles):
+                rates = self._optional("nvmlDeviceGetUtilizationRates", handle)
+                if rates is not None:
+                    samples[index].append(int(rates.gpu))
+            if time.monotonic() + interval_s > deadline:
+                break
+            time.sleep(interval_s)
+        return samples
+
+    def _gpu_of(self, index: int, handle: Any, utilization: List[int], pid_exists: Callable[[int], bool]) -> Gpu:
+        memory = self._optional("nvmlDeviceGetMemoryInfo", handle)
+        listed = self._optional("nvmlDeviceGetComputeRunningProcesses", handle)
+        # NVML reports host PIDs: in a container this PID may not exist here, or be another process.
+        processes = [dict(entry, pid_exists_here=pid_exists(entry["pid"])) for entry in _process_entries(listed)]
+        return Gpu(
+            index=index,
+            minor=self._optional("nvmlDeviceGetMinorNumber", handle),
+            memory_used_mib=memory.used // MIB if memory is not None else None,
+            memory_total_mib=memory.total // MIB if memory is not None else None,
+            utilization_pct=tuple(utilization),
+            processes=tuple(processes),
+        )
+
+
+def _process_entries(listed: Any) -> List[Dict[str, Any]]:
+    return [
+        {
+            "pid": int(proc.pid),
+            "used_memory_mib": int(proc.usedGpuMemory) // MIB if proc.usedGpuMemory is not None else None,
+        }
+        for proc in (listed if _ok(listed) else [])
+    ]
+
 
 def _ok(value: Any) -> bool:
     return value is not _NA and value is not _UNSUPPORTED and value is not None
@@ -272,3 +326,22 @@ def _ok(value: Any) -> bool:
 
 def _text(value: Any) -> str:
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def read_gpu_view(
+    nvml: Any, observe_s: float, pid_exists: Callable[[int], bool], interval_s: float = 0.5
+) -> Tuple[Optional[List[Gpu]], Optional[str]]:
+    """vram_zombies' view of every GPU, utilization sampled over ``observe_s``; (None, why) without NVML."""
+    if nvml is None:
+        return None, "pynvml (nvidia-ml-py) is not installed"
+    backend = NvmlBackend(nvml)
+    try:
+        backend.open()
+    except (NvmlLibraryMissing, NvmlNoDriver) as exc:
+        return None, f"NVML unavailable: {exc.__cause__}"
+    try:
+        return backend.gpu_view(observe_s, interval_s, pid_exists), None
+    except nvml.NVMLError as exc:
+        return None, f"NVML query failed: {exc}"
+    finally:
+        backend.close()

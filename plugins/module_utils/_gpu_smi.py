@@ -8,7 +8,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._command import RC_NOT_FOUND, RC_TIMEOUT, Runner
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._pci import normalize_bus_id
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import normalize_bus_id
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._smi_parse import (
     APPS_FIELDS,
     OLD_FIELD_NAMES,

@@ -9,22 +9,20 @@ Xids, so that is "unreadable" (finding ``kernel_log_unreadable``), never a silen
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 from datetime import datetime, timedelta, timezone, tzinfo
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._command import (
+    MAX_BYTES,
+    RC_NOT_EXECUTABLE,
+    RC_NOT_FOUND,
+    RC_TIMEOUT,
+    Runner,
+)
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding
 
-Runner = Callable[[List[str], float], Tuple[int, str, str]]
-
 DEFAULT_MAX_LINES = 200000
-# A bound on the text kept from one command; the kernel ring buffer is itself bounded (log_buf_len).
-MAX_BYTES = 64 * 1024 * 1024
-RC_TIMEOUT = 124
-RC_NOT_EXECUTABLE = 126
-RC_MISSING = 127
 _ERROR_TEXT = 200
 
 DMESG_ISO = ["dmesg", "--time-format=iso"]
@@ -33,34 +31,6 @@ DMESG_PLAIN = ["dmesg"]
 
 def journalctl_argv(max_lines: int) -> List[str]:
     return ["journalctl", "-k", "-o", "short-iso", "--no-pager", "-q", "-n", str(max_lines)]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Running commands
-# ---------------------------------------------------------------------------------------------------------------
-def subprocess_runner(argv: List[str], timeout: float) -> Tuple[int, str, str]:
-    """Run ``argv`` (no shell) with a timeout: (rc, stdout, stderr); rc 124 on timeout, 127 when missing."""
-    env = dict(os.environ, LC_ALL="C", LANG="C")
-    try:
-        done = subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=timeout,
-            env=env,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return RC_TIMEOUT, "", f"timed out after {timeout:g} s"
-    except FileNotFoundError:
-        return RC_MISSING, "", f"{argv[0]}: command not found"
-    except PermissionError as exc:
-        return RC_NOT_EXECUTABLE, "", f"{argv[0]}: {exc.strerror}"
-    return done.returncode, _text(done.stdout), _text(done.stderr)
-
-
-def _text(data: bytes) -> str:
-    return data[-MAX_BYTES:].decode("utf-8", errors="replace")
 
 
 def _one_line(text: str) -> str:
@@ -73,7 +43,7 @@ def _one_line(text: str) -> str:
 def _is_flag_rejected(rc: int, stderr: str) -> bool:
     """Busybox and old util-linux dmesg reject --time-format; permission errors are not that."""
     lowered = stderr.lower()
-    if rc in (RC_TIMEOUT, RC_MISSING, RC_NOT_EXECUTABLE) or "not permitted" in lowered or "denied" in lowered:
+    if rc in (RC_TIMEOUT, RC_NOT_FOUND, RC_NOT_EXECUTABLE) or "not permitted" in lowered or "denied" in lowered:
         return False
     return any(word in lowered for word in ("unrecognized", "invalid option", "unknown", "usage", "unsupported"))
 
@@ -87,7 +57,7 @@ def _attempt(run: Runner, argv: List[str], timeout_s: float) -> Tuple[Dict[str, 
     lines = [line for line in stdout[-MAX_BYTES:].splitlines() if line.strip()]
     if rc == RC_TIMEOUT:
         error: Optional[str] = f"timed out after {timeout_s:g} s"
-    elif rc == RC_MISSING:
+    elif rc == RC_NOT_FOUND:
         error = "not installed"
     elif rc != 0:
         error = _one_line(stderr) or _one_line(stdout) or "failed with no message"

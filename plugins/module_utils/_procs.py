@@ -1,6 +1,6 @@
 # Copyright (c) remote_gpu.trainer contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Read the box for vram_zombies: the process table with NVIDIA device holders, NVML's view, and reaping.
+"""Read the box for vram_zombies: the process table with NVIDIA device holders, and reaping.
 
 psutil gives identity (create time, command line, owner) and PID-reuse-safe signalling; the device
 holders come from ``/proc/<pid>/fd`` directly because psutil's ``open_files()`` lists regular files
@@ -9,7 +9,6 @@ only, and real ``/dev/nvidia*`` nodes are character devices.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -18,7 +17,6 @@ import traceback
 from typing import Any, Dict, List, Optional, Pattern, Sequence, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree import Proc, same_process
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._vram_zombies import Gpu
 
 try:
     import psutil
@@ -28,17 +26,11 @@ except ImportError:  # the module reports missing_required_lib('psutil')
 else:
     PSUTIL_IMPORT_ERROR = None
 
-try:
-    import pynvml
-except ImportError:  # optional: without NVML, decisions rest on /proc evidence only
-    pynvml = None
-
 # /dev/nvidia0..N, /dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia-uvm-tools. Tests swap in their own pattern.
 DEVICE_PATTERN = re.compile(r"^/dev/nvidia(?:[0-9]+|ctl|-uvm.*)$")
 PF_KTHREAD = 0x00200000
 KILL_WAIT_S = 5.0
 POLL_S = 0.1
-MIB = 1024 * 1024
 
 
 def _stat_fields(pid: int) -> Tuple[int, int, int]:
@@ -97,63 +89,6 @@ def read_process_table(device_pattern: Optional[Pattern[str]] = None) -> Tuple[D
         table[pid] = Proc(pid=pid, pgid=pgid, sid=sid, kernel_thread=bool(flags & PF_KTHREAD), devices=devices, **info)
         stats["processes"] += 1
     return table, stats
-
-
-def read_gpus(observe_s: float, interval_s: float = 0.5) -> Tuple[Optional[List[Gpu]], Optional[str]]:
-    """NVML's per-GPU view with utilization sampled over ``observe_s``; (None, why) where NVML is unavailable."""
-    if pynvml is None:
-        return None, "pynvml (nvidia-ml-py) is not installed"
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        return None, f"NVML unavailable: {exc}"
-    try:
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        samples: List[List[int]] = [[] for _handle in handles]
-        deadline = time.monotonic() + max(observe_s, 0.0)
-        while observe_s > 0:
-            for index, device in enumerate(handles):
-                with contextlib.suppress(pynvml.NVMLError):
-                    samples[index].append(int(pynvml.nvmlDeviceGetUtilizationRates(device).gpu))
-            if time.monotonic() + interval_s > deadline:
-                break
-            time.sleep(interval_s)
-        return [_gpu_view(index, device, samples[index]) for index, device in enumerate(handles)], None
-    except pynvml.NVMLError as exc:
-        return None, f"NVML query failed: {exc}"
-    finally:
-        with contextlib.suppress(pynvml.NVMLError):
-            pynvml.nvmlShutdown()
-
-
-def _optional(call: Any, *args: Any) -> Any:
-    try:
-        return call(*args)
-    except pynvml.NVMLError:
-        return None
-
-
-def _gpu_view(index: int, device: Any, samples: List[int]) -> Gpu:
-    memory = _optional(pynvml.nvmlDeviceGetMemoryInfo, device)
-    processes = []
-    for proc in _optional(pynvml.nvmlDeviceGetComputeRunningProcesses, device) or []:
-        used = getattr(proc, "usedGpuMemory", None)
-        processes.append(
-            {
-                "pid": proc.pid,
-                "used_memory_mib": used // MIB if isinstance(used, int) else None,
-                # NVML reports host PIDs: in a container this PID may not exist here, or be another process.
-                "pid_exists_here": psutil.pid_exists(proc.pid),
-            }
-        )
-    return Gpu(
-        index=index,
-        minor=_optional(pynvml.nvmlDeviceGetMinorNumber, device),
-        memory_used_mib=memory.used // MIB if memory is not None else None,
-        memory_total_mib=memory.total // MIB if memory is not None else None,
-        utilization_pct=tuple(samples),
-        processes=tuple(processes),
-    )
 
 
 def _same_process(proc: Proc) -> Any:

@@ -13,8 +13,11 @@ import csv
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_checks import NOT_SUPPORTED, reason_mask
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._pci import normalize_bus_id
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import (
+    NOT_SUPPORTED,
+    normalize_bus_id,
+    reason_mask,
+)
 
 LOST = "__gpu_is_lost__"
 

@@ -10,8 +10,9 @@ process group and session, the launch role's run registry, process age and whole
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Pattern, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Pattern, Sequence, Set, Tuple
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import Gpu
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree import (
     Proc,
     ancestors,
@@ -19,18 +20,6 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree impor
     run_is_live,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import Run
-
-
-@dataclass(frozen=True)
-class Gpu:
-    """NVML's view of one GPU; ``utilization_pct`` holds the samples taken over the observation window."""
-
-    index: int
-    minor: Optional[int]
-    memory_used_mib: Optional[int]
-    memory_total_mib: Optional[int]
-    utilization_pct: Tuple[int, ...] = ()
-    processes: Tuple[Dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

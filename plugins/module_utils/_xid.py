@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, tzinfo
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import kernel_pci
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._kernel_log import split_record
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._pci import kernel_pci
 
 # (code, short name, kind, renter's action). Written from NVIDIA's public Xid catalog and nverror.h.
 _CATALOG_ROWS = (
@@ -213,52 +213,91 @@ def parse_kernel_log(
     """
     collector = _Collector(max_per_key)
     pci_cache: Dict[str, Optional[str]] = {}  # a flood of Xids repeats the same few addresses
-    pending: Optional[Dict[str, Any]] = None  # an open "The NVIDIA GPU <pci> ... fallen off the bus" block
+    block: Optional[Dict[str, Any]] = None  # an open "The NVIDIA GPU <pci> ... fallen off the bus" block
     for raw in lines:
         line = raw.rstrip("\r\n")
-        is_continuation = line[:1] in (" ", "\t")
-        if pending is not None:
-            pending["budget"] -= 1
-            if pending["budget"] < 0:
-                pending = None
-        if pending is None and "Xid" not in line and "NVIDIA GPU" not in line and "fallen off" not in line:
+        block = _count_down(block)
+        if block is None and not _may_matter(line):
             continue
-        if is_continuation and pending is not None:
-            message, timestamp, uptime = line.strip(), pending["timestamp"], pending["uptime_s"]
-        else:
-            timestamp, uptime, message = split_record(line, year, local_tz)
-        xid = _XID_RE.search(message)
+        record = _record(line, block, year, local_tz)
+        xid = _XID_RE.search(record.message)
         if xid is not None:
-            raw_pci = xid.group(1)
-            pci = pci_cache.get(raw_pci) or pci_cache.setdefault(raw_pci, kernel_pci(raw_pci))
-            key = ("xid", int(xid.group(2)), pci)
-            if collector.is_full(key):
-                collector.fold(key, timestamp, uptime)
-            else:
-                collector.add(_xid_event(xid, pci, message, line, timestamp=timestamp, uptime=uptime))
-            continue
-        gpu_at = _GPU_AT_RE.search(message) if "NVIDIA GPU" in message else None
-        if gpu_at is not None:
-            pending = {"pci": kernel_pci(gpu_at.group(1)), "timestamp": timestamp, "uptime_s": uptime}
-            pending.update(budget=_SPLIT_BLOCK_LINES, parts=[message.strip()], line=line)
-        elif pending is not None and message.strip():
-            pending["parts"].append(_strip_nvrm(message))
-        if "fallen off the bus" in message:
-            pci = pending["pci"] if pending is not None else None
-            if pci is None:
-                own = _ANY_PCI_RE.search(message)
-                pci = kernel_pci(own.group(1)) if own is not None else None
-            parts = pending["parts"] if pending is not None else [message.strip()]
-            first = pending["line"] if pending is not None else line
-            joined = " ".join(parts)
-            start_ts = pending["timestamp"] if pending is not None else timestamp
-            start_up = pending["uptime_s"] if pending is not None else uptime
-            excerpt = (first.rstrip() + " " + " ".join(parts[1:])).strip()
-            event = _event("fallen_off_bus", None, pci, start_ts, start_up, detail=joined[:LINE_EXCERPT])
-            event["line"] = excerpt[:LINE_EXCERPT]
-            collector.add(event)
-            pending = None
+            _collect_xid(collector, xid, _cached_pci(pci_cache, xid.group(1)), record, line)
+        else:
+            block = _follow_bus_block(collector, block, record, line)
     return collector.events
+
+
+def _count_down(block: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The open block, one line older; None once it has spanned ``_SPLIT_BLOCK_LINES`` more lines."""
+    if block is None:
+        return None
+    block["budget"] -= 1
+    return block if block["budget"] >= 0 else None
+
+
+def _may_matter(line: str) -> bool:
+    """A cheap test that skips the splitting of nearly every line of a long log."""
+    return "Xid" in line or "NVIDIA GPU" in line or "fallen off" in line
+
+
+class _Record(NamedTuple):
+    timestamp: Optional[datetime]
+    uptime: Optional[float]
+    message: str
+
+
+def _record(line: str, block: Optional[Dict[str, Any]], year: Optional[int], local_tz: Optional[tzinfo]) -> _Record:
+    """One record of the log; an indented line continues the open block and carries its time."""
+    if block is not None and line[:1] in (" ", "\t"):
+        return _Record(block["timestamp"], block["uptime_s"], line.strip())
+    return _Record(*split_record(line, year, local_tz))
+
+
+def _cached_pci(cache: Dict[str, Optional[str]], raw_pci: str) -> Optional[str]:
+    if raw_pci not in cache:
+        cache[raw_pci] = kernel_pci(raw_pci)
+    return cache[raw_pci]
+
+
+def _collect_xid(collector: _Collector, xid: Any, pci: Optional[str], record: _Record, line: str) -> None:
+    key = ("xid", int(xid.group(2)), pci)
+    if collector.is_full(key):  # a flood: count it without building the event
+        collector.fold(key, record.timestamp, record.uptime)
+    else:
+        collector.add(_xid_event(xid, pci, record.message, line, timestamp=record.timestamp, uptime=record.uptime))
+
+
+def _follow_bus_block(
+    collector: _Collector, block: Optional[Dict[str, Any]], record: _Record, line: str
+) -> Optional[Dict[str, Any]]:
+    """Open, extend or close a "fallen off the bus" block with this record; returns the block still open."""
+    timestamp, uptime, message = record
+    gpu_at = _GPU_AT_RE.search(message) if "NVIDIA GPU" in message else None
+    if gpu_at is not None:
+        block = {"pci": kernel_pci(gpu_at.group(1)), "timestamp": timestamp, "uptime_s": uptime}
+        block.update(budget=_SPLIT_BLOCK_LINES, parts=[message.strip()], line=line)
+    elif block is not None and message.strip():
+        block["parts"].append(_strip_nvrm(message))
+    if "fallen off the bus" not in message:
+        return block
+    if block is None:  # the whole report in this one record
+        block = {"pci": None, "timestamp": timestamp, "uptime_s": uptime, "parts": [message.strip()], "line": line}
+    collector.add(_fallen_off_bus_event(block, message))
+    return None
+
+
+def _fallen_off_bus_event(block: Dict[str, Any], message: str) -> Dict[str, Any]:
+    pci = block["pci"]
+    if pci is None:
+        own = _ANY_PCI_RE.search(message)
+        pci = kernel_pci(own.group(1)) if own is not None else None
+    parts = block["parts"]
+    excerpt = (block["line"].rstrip() + " " + " ".join(parts[1:])).strip()
+    detail = " ".join(parts)[:LINE_EXCERPT]
+    return _event(
+        "fallen_off_bus", None, pci, block["timestamp"], block["uptime_s"], detail=detail, line=excerpt[:LINE_EXCERPT]
+    )
 
 
 def _strip_nvrm(message: str) -> str:

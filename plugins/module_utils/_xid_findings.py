@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Dict, Iterable, List, Optional
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._pci import same_gpu
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import same_gpu
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._xid import (
     XID_FALLEN_OFF_BUS,
     pick,

@@ -11,9 +11,15 @@ from typing import Any, Dict, List, Sequence
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _procs
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_nvml import read_gpu_view
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree import Proc, run_is_live, same_process
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import Run, read_run_registry
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._vram_zombies import Policy, Verdict, decide
+
+try:
+    import pynvml
+except ImportError:  # optional: without NVML, decisions rest on /proc evidence only
+    pynvml = None
 
 
 def _holder_entry(verdict: Verdict, now: float) -> Dict[str, Any]:
@@ -132,7 +138,7 @@ def _reap_and_verify(result: Dict[str, Any], victims: Dict[int, Proc], gpus: Any
     result["changed"] = bool(outcome["killed"] or outcome["failed"])
     if result["changed"]:
         holders_gone = _verify(result["killed"], victims, result["failed"])
-        after, _error = _procs.read_gpus(0)
+        after, _error = read_gpu_view(pynvml, 0, _procs.psutil.pid_exists)
         result["verification"] = {
             "holders_gone": holders_gone,
             "memory_used_mib": _memory_change(gpus, after),
@@ -167,7 +173,7 @@ def scan_and_reap(
 ) -> Dict[str, Any]:
     table, scan = _procs.read_process_table()
     runs, problems = read_run_registry(params["data_dir"])
-    gpus, nvml_error = _procs.read_gpus(params["observe_s"])
+    gpus, nvml_error = read_gpu_view(pynvml, params["observe_s"], _procs.psutil.pid_exists)
     now = time.time()
     holders = sorted((proc for proc in table.values() if proc.devices), key=lambda p: p.pid)
     verdicts = decide(holders, table, runs, gpus or [], _policy(params, patterns, subreapers, now))

@@ -62,15 +62,13 @@ options:
       - Seconds the directory probes may take together before they count as hung, above 0 and at most 3600.
     type: float
     default: 5
+extends_documentation_fragment:
+  - remote_gpu.trainer.attributes
+  - remote_gpu.trainer.findings
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target, if not
-      supported the action will be skipped.
     support: full
     details: The write probe runs in check mode too; it deletes its file and never reports a change.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: none
 notes:
   - Disk percentages follow C(df), used space over used plus the space an unprivileged user may still take.
 seealso:

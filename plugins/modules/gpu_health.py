@@ -116,13 +116,13 @@ options:
     description: Timeout in seconds for each C(nvidia-smi) call, above 0 and at most 3600.
     type: float
     default: 10
+extends_documentation_fragment:
+  - remote_gpu.trainer.attributes
+  - remote_gpu.trainer.findings
 attributes:
   check_mode:
     support: full
-    description: The module never changes anything; check mode runs every check.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: none
+    details: The module never changes anything; check mode runs every check.
 notes:
   - Thresholds and finding codes follow the project's findings contract; codes are stable.
   - A check that could not be performed is a finding (for example C(kernel_log_unreadable)), never a silent pass.
@@ -313,6 +313,7 @@ gpus:
 """
 
 import traceback
+from typing import Any, Dict
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
@@ -348,27 +349,39 @@ OPTION_BOUNDS = {
 }
 
 
+# The one home of the defaults (DOCUMENTATION states them; validate-modules checks that both agree).
+ARGUMENT_SPEC: Dict[str, Dict[str, Any]] = {
+    "backend": {"type": "str", "default": "auto", "choices": list(BACKENDS)},
+    "gpus": {"type": "list", "elements": "int"},
+    "sample_seconds": {"type": "float", "default": 3.0},
+    # NVML refreshes clocks, temperature and event reasons several times a second; 0.5 s catches a
+    # throttle episode of a second or more within a 3 s window at half the cost of 0.25 s, and a
+    # nvidia-smi call (about 0.1 s on a loaded 8-GPU box) still fits between two samples.
+    "sample_interval_s": {"type": "float", "default": 0.5},
+    "temp_hot_c": {"type": "int", "default": 83},
+    "sm_clock_floor_pct": {"type": "int", "default": 70},
+    "power_cap_pct": {"type": "int", "default": 90},
+    "occupied_mib_threshold": {"type": "int", "default": 1024},
+    "expected_gpu_count": {"type": "int"},
+    "expected_nvlinks": {"type": "int"},
+    "expected_gpu_model": {"type": "str"},
+    "min_driver_version": {"type": "str"},
+    "min_cuda_version": {"type": "str"},
+    "allow_mig": {"type": "bool", "default": False},
+    "xid_since": {"type": "str", "default": "boot"},
+    "kernel_log_timeout_s": {"type": "float", "default": 10.0},
+    "command_timeout_s": {"type": "float", "default": 10.0},
+}
+
+
+def default_options() -> Dict[str, Any]:
+    """Every option at its default, None where it has none: the parameters of a call without arguments."""
+    return {name: spec.get("default") for name, spec in ARGUMENT_SPEC.items()}
+
+
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "backend": {"type": "str", "default": "auto", "choices": list(BACKENDS)},
-            "gpus": {"type": "list", "elements": "int"},
-            "sample_seconds": {"type": "float", "default": 3.0},
-            "sample_interval_s": {"type": "float", "default": 0.5},
-            "temp_hot_c": {"type": "int", "default": 83},
-            "sm_clock_floor_pct": {"type": "int", "default": 70},
-            "power_cap_pct": {"type": "int", "default": 90},
-            "occupied_mib_threshold": {"type": "int", "default": 1024},
-            "expected_gpu_count": {"type": "int"},
-            "expected_nvlinks": {"type": "int"},
-            "expected_gpu_model": {"type": "str"},
-            "min_driver_version": {"type": "str"},
-            "min_cuda_version": {"type": "str"},
-            "allow_mig": {"type": "bool", "default": False},
-            "xid_since": {"type": "str", "default": "boot"},
-            "kernel_log_timeout_s": {"type": "float", "default": 10.0},
-            "command_timeout_s": {"type": "float", "default": 10.0},
-        },
+        argument_spec=ARGUMENT_SPEC,
         supports_check_mode=True,
     )
     check_options(module, OPTION_BOUNDS)

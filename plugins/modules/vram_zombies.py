@@ -116,10 +116,11 @@ options:
       - The profile's data directory, holding the run registry C(runs/*/run.json). Unset means no registry.
       - When given, must be a non-empty path.
     type: path
+extends_documentation_fragment:
+  - remote_gpu.trainer.attributes
+  - remote_gpu.trainer.findings
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target, if not
-      supported the action will be skipped.
     support: full
     details: Nothing is signalled; C(would_kill) lists the candidates and C(changed) says whether any would be.
 notes:

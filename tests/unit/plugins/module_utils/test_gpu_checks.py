@@ -7,19 +7,26 @@ import copy
 import pytest
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_checks import (
-    DEFAULT_THRESHOLDS,
-    NOT_SUPPORTED,
     box_findings,
     compare_versions,
-    cuda_version_text,
     gpu_findings,
-    reason_mask,
-    reason_names,
     window_summary,
 )
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._pci import normalize_bus_id
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import (
+    NOT_SUPPORTED,
+    cuda_version_text,
+    normalize_bus_id,
+    reason_mask,
+    reason_names,
+)
+from ansible_collections.remote_gpu.trainer.plugins.modules.gpu_health import default_options
 
-IDLE, SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_BRAKE = 0x1, 0x4, 0x8, 0x20, 0x40, 0x80
+IDLE, SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_BRAKE = (
+    reason_mask([name])
+    for name in ("gpu_idle", "sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                 "hw_power_brake_slowdown")
+)  # fmt: skip
+DEFAULTS = default_options()
 
 
 def sample(temperature=40, sm=1980, power=300.0, used=0, reasons=0):
@@ -55,7 +62,7 @@ def gpu(**changes):
 
 
 def codes(model, **limits):
-    return [f["code"] for f in gpu_findings(model, dict(DEFAULT_THRESHOLDS, **limits))]
+    return [f["code"] for f in gpu_findings(model, dict(DEFAULTS, **limits))]
 
 
 def test_healthy_gpu_has_no_findings():
@@ -71,14 +78,14 @@ def test_sw_power_cap_under_load_and_idle_are_normal():
 
 @pytest.mark.parametrize("bit", [HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_BRAKE])
 def test_throttle_reasons_fail(bit):
-    (found,) = gpu_findings(gpu(samples=[sample(reasons=bit)]), DEFAULT_THRESHOLDS)
+    (found,) = gpu_findings(gpu(samples=[sample(reasons=bit)]), DEFAULTS)
     assert (found["code"], found["level"], found["gpu"], found["action"]) == ("throttle_active", "FAIL", 0, "re_rent")
     assert found["reasons"] == reason_names(bit)
 
 
 def test_throttle_starting_mid_window_is_caught():
     window = [sample()] * 4 + [sample(temperature=86, sm=900, reasons=HW_THERMAL)] * 3
-    found = gpu_findings(gpu(samples=window), DEFAULT_THRESHOLDS)
+    found = gpu_findings(gpu(samples=window), DEFAULTS)
     assert [f["code"] for f in found] == ["throttle_active", "thermal_throttle"]
     assert "3/7 samples" in found[0]["message"]
     assert found[1]["sm_clock_mhz"] == 900 and found[1]["samples_affected"] == 3
@@ -117,13 +124,13 @@ def test_not_supported_features_give_no_finding():
 
 def test_pcie_width_degradation_warns_but_idle_generation_downshift_is_normal():
     assert codes(gpu(pcie={"gen": 1, "gen_max": 5, "width": 16, "width_max": 16})) == []
-    (found,) = gpu_findings(gpu(pcie={"gen": 5, "gen_max": 5, "width": 8, "width_max": 16}), DEFAULT_THRESHOLDS)
+    (found,) = gpu_findings(gpu(pcie={"gen": 5, "gen_max": 5, "width": 8, "width_max": 16}), DEFAULTS)
     assert (found["code"], found["level"], found["width"]) == ("pcie_degraded", "WARN", 8)
 
 
 def test_nvlink_down():
     links = [{"link": 0, "active": True}, {"link": 1, "active": False}]
-    (found,) = gpu_findings(gpu(nvlinks=links), DEFAULT_THRESHOLDS)
+    (found,) = gpu_findings(gpu(nvlinks=links), DEFAULTS)
     assert (found["code"], found["level"], found["links"]) == ("nvlink_down", "FAIL", [1])
 
 
@@ -134,7 +141,7 @@ def links(*states):
 def test_links_all_inactive_without_a_bridge_are_normal_unless_nvlinks_are_expected():
     # A PCIe card without a bridge reports every link inactive; a card without NVLink reports none.
     assert codes(gpu(nvlinks=links(*[False] * 12))) == [] and codes(gpu(nvlinks=[])) == []
-    (found,) = gpu_findings(gpu(nvlinks=links(*[False] * 12)), dict(DEFAULT_THRESHOLDS, expected_nvlinks=12))
+    (found,) = gpu_findings(gpu(nvlinks=links(*[False] * 12)), dict(DEFAULTS, expected_nvlinks=12))
     assert (found["code"], found["level"], found["active"], found["expected"]) == ("nvlink_down", "FAIL", 0, 12)
     assert "0 of 12 expected" in found["message"]
     assert codes(gpu(nvlinks=[]), expected_nvlinks=4) == ["nvlink_down"]
@@ -143,9 +150,9 @@ def test_links_all_inactive_without_a_bridge_are_normal_unless_nvlinks_are_expec
 def test_expected_nvlinks_counts_active_links():
     eighteen = links(*[True] * 18)
     assert codes(gpu(nvlinks=eighteen), expected_nvlinks=18) == []
-    (found,) = gpu_findings(gpu(nvlinks=links(*[True] * 17)), dict(DEFAULT_THRESHOLDS, expected_nvlinks=18))
+    (found,) = gpu_findings(gpu(nvlinks=links(*[True] * 17)), dict(DEFAULTS, expected_nvlinks=18))
     assert (found["code"], found["active"], found["links"]) == ("nvlink_down", 17, [])
-    (found,) = gpu_findings(gpu(nvlinks=links(True, False, True)), dict(DEFAULT_THRESHOLDS, expected_nvlinks=3))
+    (found,) = gpu_findings(gpu(nvlinks=links(True, False, True)), dict(DEFAULTS, expected_nvlinks=3))
     assert (found["active"], found["links"]) == (2, [1])  # one finding, naming the link that is down
 
 
@@ -164,11 +171,11 @@ def test_mig_enabled_unless_allowed():
 def test_foreign_processes_say_whether_holders_are_visible():
     hidden = gpu(processes=[{"pid": 4242, "used_memory_mib": 30720, "visible": False}],
                  samples=[sample(used=30800)])  # fmt: skip
-    (found,) = gpu_findings(hidden, DEFAULT_THRESHOLDS)
+    (found,) = gpu_findings(hidden, DEFAULTS)
     assert (found["code"], found["level"], found["action"]) == ("foreign_processes", "WARN", "investigate")
     assert "not in this PID namespace" in found["message"] and found["visible_pids"] == []
     visible = gpu(processes=[{"pid": 77, "used_memory_mib": 500, "visible": True}], samples=[sample(used=600)])
-    (found,) = gpu_findings(visible, DEFAULT_THRESHOLDS)
+    (found,) = gpu_findings(visible, DEFAULTS)
     assert found["action"] == "reap_zombies" and "visible here: pid 77" in found["message"]
 
 
@@ -186,7 +193,7 @@ def test_unknown_per_process_memory_is_unknown_not_zero():
         {"pid": 12444, "used_memory_mib": None, "visible": False},
         {"pid": 7, "used_memory_mib": 300, "visible": False},
     ]
-    (found,) = gpu_findings(gpu(processes=procs, samples=[sample(used=30000)]), DEFAULT_THRESHOLDS)
+    (found,) = gpu_findings(gpu(processes=procs, samples=[sample(used=30000)]), DEFAULTS)
     assert (found["code"], found["used_memory_mib"]) == ("foreign_processes", None)
     assert "holding 0 MiB" not in found["message"] and "per-process memory unknown for pid 12444" in found["message"]
     alone = gpu(processes=[{"pid": 12444, "used_memory_mib": None, "visible": False}], samples=[sample(used=30000)])
@@ -194,14 +201,14 @@ def test_unknown_per_process_memory_is_unknown_not_zero():
 
 
 def test_lost_gpu_is_only_gpu_lost():
-    (found,) = gpu_findings({"index": 3, "lost": True, "pci_bus_id": "00000000:3B:00.0"}, DEFAULT_THRESHOLDS)
+    (found,) = gpu_findings({"index": 3, "lost": True, "pci_bus_id": "00000000:3B:00.0"}, DEFAULTS)
     assert (found["code"], found["level"], found["gpu"]) == ("gpu_lost", "FAIL", 3)
     assert "00000000:3B:00.0" in found["message"]
 
 
 def test_lost_gpu_without_bus_id_says_no_none():
     # NVML cannot read a lost GPU's bus id.
-    (found,) = gpu_findings({"index": 1, "lost": True, "pci_bus_id": None}, DEFAULT_THRESHOLDS)
+    (found,) = gpu_findings({"index": 1, "lost": True, "pci_bus_id": None}, DEFAULTS)
     assert found["message"] == "GPU 1 is lost: the driver cannot reach it"
 
 
@@ -212,12 +219,12 @@ def test_model_mismatch_is_a_regex_search():
 
 def test_box_findings_count_missing_and_versions():
     gpus = [gpu(index=0), gpu(index=1)]
-    limits = dict(DEFAULT_THRESHOLDS, expected_gpu_count=4, min_driver_version="550.54.15", min_cuda_version="12.4")
+    limits = dict(DEFAULTS, expected_gpu_count=4, min_driver_version="550.54.15", min_cuda_version="12.4")
     found = box_findings(gpus, [0, 5], limits, "535.161.08", "12.2")
     assert [f["code"] for f in found] == ["gpu_count_mismatch", "gpu_missing", "driver_too_old", "driver_too_old"]
     assert found[1]["gpu"] == 5 and all(f["level"] == "FAIL" for f in found)
-    assert box_findings(gpus, None, dict(DEFAULT_THRESHOLDS, min_driver_version="535.9"), "535.10", "12.4") == []
-    assert [f["code"] for f in box_findings([], None, DEFAULT_THRESHOLDS, None, None)] == ["gpu_count_mismatch"]
+    assert box_findings(gpus, None, dict(DEFAULTS, min_driver_version="535.9"), "535.10", "12.4") == []
+    assert [f["code"] for f in box_findings([], None, DEFAULTS, None, None)] == ["gpu_count_mismatch"]
 
 
 def test_version_comparison_is_numeric():
@@ -251,7 +258,7 @@ def test_window_summary():
 
 def test_a_required_version_the_box_does_not_report_is_a_warning_not_a_pass():
     gpus = [gpu(index=0)]
-    limits = dict(DEFAULT_THRESHOLDS, min_driver_version="550", min_cuda_version="12.4")
+    limits = dict(DEFAULTS, min_driver_version="550", min_cuda_version="12.4")
     found = box_findings(gpus, None, limits, None, "N/A")
     assert [(f["code"], f["level"], f["component"]) for f in found] == [
         ("version_unknown", "WARN", "driver"),
@@ -259,4 +266,4 @@ def test_a_required_version_the_box_does_not_report_is_a_warning_not_a_pass():
     ]
     assert "550" in found[0]["message"] and "N/A" in found[1]["message"]
     # Nothing required: an unreadable version is nobody's concern.
-    assert box_findings(gpus, None, DEFAULT_THRESHOLDS, None, None) == []
+    assert box_findings(gpus, None, DEFAULTS, None, None) == []

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_health import check_gpu_health, parse_since
+from ansible_collections.remote_gpu.trainer.plugins.modules.gpu_health import default_options
 from ansible_collections.remote_gpu.trainer.tests.testpaths import CAPTURES, REPO, SCENARIOS
 from ansible_collections.remote_gpu.trainer.tests.unit.plugins.module_utils.test_gpu_nvml import (
     LIBRARY_NOT_FOUND,
@@ -53,8 +54,8 @@ class Box:
         return self.t
 
     def check(self, nvml, **options):
-        return check_gpu_health(options, self.run, nvml, sleep=self.sleep, monotonic=self.monotonic,
-                                is_visible=lambda pid: pid == 77, now=NOW)  # fmt: skip
+        return check_gpu_health(dict(default_options(), **options), self.run, nvml, sleep=self.sleep,
+                                monotonic=self.monotonic, is_visible=lambda pid: pid == 77, now=NOW)  # fmt: skip
 
 
 def codes(result):

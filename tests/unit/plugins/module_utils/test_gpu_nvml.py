@@ -1,4 +1,4 @@
-"""The NVML backend against a stand-in for the pynvml binding (the real binding runs end to end)."""
+"""The NVML reader (gpu_health's backend, vram_zombies' view) against a stand-in for the pynvml binding."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_checks import NOT_SUPPORTED
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import NOT_SUPPORTED, same_gpu
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_nvml import (
     NvmlBackend,
     NvmlLibraryMissing,
     NvmlNoDriver,
+    read_gpu_view,
 )
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._pci import same_gpu
 
 MIB = 1024 * 1024
 NOT_SUPPORTED_RC, NOT_FOUND, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, FUNCTION_NOT_FOUND, GPU_IS_LOST = 3, 6, 9, 12, 13, 15
@@ -160,6 +160,13 @@ class StubNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, h):
         return [SimpleNamespace(pid=pid, usedGpuMemory=mib * MIB) for pid, mib in self._get(h, "procs")]
 
+    def nvmlDeviceGetUtilizationRates(self, h):
+        samples = self._get(h, "util")
+        return SimpleNamespace(gpu=samples.pop(0) if samples else 0)
+
+    def nvmlDeviceGetMinorNumber(self, h):
+        return self._get(h, "minor")
+
 
 def datacenter_gpu(**changes):
     gpu = {
@@ -230,3 +237,21 @@ def test_lost_at_inventory():
 def test_init_errors(code, error):
     with pytest.raises(error):
         NvmlBackend(StubNvml([], init_error=code)).open()
+
+
+def test_gpu_view_samples_utilization_and_flags_foreign_pids():
+    stub = StubNvml([datacenter_gpu(util=[40, 0, 0, 90], used_mib=30720, procs=[(2**22 + 7, 30720)])])
+    gpus, error = read_gpu_view(stub, observe_s=0.25, pid_exists=lambda pid: False, interval_s=0.1)
+    assert error is None
+    (gpu,) = gpus
+    assert gpu.utilization_pct == (40, 0, 0)
+    assert (gpu.index, gpu.minor, gpu.memory_used_mib, gpu.memory_total_mib) == (0, None, 30720, 81559)
+    assert gpu.processes == ({"pid": 2**22 + 7, "used_memory_mib": 30720, "pid_exists_here": False},)
+    skipped, _error = read_gpu_view(stub, observe_s=0, pid_exists=lambda pid: False)
+    assert skipped[0].utilization_pct == ()
+
+
+def test_gpu_view_without_nvml():
+    assert read_gpu_view(None, 1, lambda pid: False) == (None, "pynvml (nvidia-ml-py) is not installed")
+    failing = StubNvml([], init_error=DRIVER_NOT_LOADED)
+    assert read_gpu_view(failing, 1, lambda pid: False) == (None, f"NVML unavailable: {NVMLError(DRIVER_NOT_LOADED)}")

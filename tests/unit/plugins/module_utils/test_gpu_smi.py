@@ -9,8 +9,11 @@ import pytest
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _gpu_smi as smi
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _smi_parse as parse
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_checks import NOT_SUPPORTED, reason_names
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._pci import normalize_bus_id
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import (
+    NOT_SUPPORTED,
+    normalize_bus_id,
+    reason_names,
+)
 from ansible_collections.remote_gpu.trainer.tests.testpaths import CAPTURES
 
 Q_FULL = sorted((CAPTURES / "q_full").glob("*.txt"))

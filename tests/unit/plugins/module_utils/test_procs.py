@@ -1,4 +1,4 @@
-"""Process enumeration, NVML view and reaping against real processes (a temp file stands in for /dev/nvidia0)."""
+"""Process enumeration and reaping against real processes (a temp file stands in for /dev/nvidia0)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -104,60 +103,6 @@ def test_reap_terminates_then_kills_and_never_touches_a_reused_pid(device, tmp_p
     assert harness.alive(bystander["workers"][0])
     again = _procs.reap([victim_polite], grace_s=0.1)
     assert again["killed"] == [] and again["skipped"][0]["pid"] == victim_polite.pid
-
-
-class FakeNvml:
-    """The pynvml calls read_gpus makes, answering from fixed values."""
-
-    NVMLError = RuntimeError
-
-    def __init__(self, utilization):
-        self.utilization = list(utilization)
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlShutdown(self):
-        pass
-
-    def nvmlDeviceGetCount(self):
-        return 1
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        return f"handle{index}"
-
-    def nvmlDeviceGetUtilizationRates(self, handle):
-        return SimpleNamespace(gpu=self.utilization.pop(0) if self.utilization else 0)
-
-    def nvmlDeviceGetMemoryInfo(self, handle):
-        return SimpleNamespace(used=30720 * _procs.MIB, total=81559 * _procs.MIB)
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle):
-        return [SimpleNamespace(pid=2**22 + 7, usedGpuMemory=30720 * _procs.MIB)]
-
-    def nvmlDeviceGetMinorNumber(self, handle):
-        raise self.NVMLError("Function Not Found")
-
-
-def test_read_gpus_samples_utilization_and_flags_foreign_pids(monkeypatch):
-    monkeypatch.setattr(_procs, "pynvml", FakeNvml([40, 0, 0, 90]))
-    gpus, error = _procs.read_gpus(observe_s=0.25, interval_s=0.1)
-    assert error is None
-    (gpu,) = gpus
-    assert gpu.utilization_pct == (40, 0, 0)
-    assert (gpu.index, gpu.minor, gpu.memory_used_mib, gpu.memory_total_mib) == (0, None, 30720, 81559)
-    assert gpu.processes == ({"pid": 2**22 + 7, "used_memory_mib": 30720, "pid_exists_here": False},)
-    skipped, _error = _procs.read_gpus(observe_s=0)
-    assert skipped[0].utilization_pct == ()
-
-
-def test_read_gpus_without_nvml(monkeypatch):
-    monkeypatch.setattr(_procs, "pynvml", None)
-    assert _procs.read_gpus(1) == (None, "pynvml (nvidia-ml-py) is not installed")
-    failing = FakeNvml([])
-    failing.nvmlInit = lambda: (_never for _never in ()).throw(failing.NVMLError("Driver Not Loaded"))
-    monkeypatch.setattr(_procs, "pynvml", failing)
-    assert _procs.read_gpus(1) == (None, "NVML unavailable: Driver Not Loaded")
 
 
 def test_one_identity_rule_for_signalling_and_for_verifying(monkeypatch):

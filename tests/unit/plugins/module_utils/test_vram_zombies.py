@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import Gpu
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree import Proc
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import Run
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._vram_zombies import (
-    Gpu,
     Policy,
     Verdict,
     decide,

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _pci, _xid
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _gpu_model, _xid
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import ACTIONS, status_of
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._xid_findings import pci_to_gpu_index, xid_findings
 from ansible_collections.remote_gpu.trainer.tests.testpaths import CAPTURES
@@ -90,7 +90,7 @@ def test_informational_xids_raise_no_finding():
     ],
 )
 def test_normalize_pci(address, normalized):
-    assert _pci.kernel_pci(address) == normalized
+    assert _gpu_model.kernel_pci(address) == normalized
 
 
 def test_pci_to_gpu_index_accepts_every_form():
