@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 import yaml
+from build import environment
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_health import check_gpu_health, parse_since
 from ansible_collections.remote_gpu.trainer.plugins.modules.gpu_health import default_options
@@ -212,9 +213,6 @@ def test_bad_option_values_raise_before_sampling():
 
 
 # ----------------------------------------------------------------------------- the simulator, both backends
-sys.path.insert(0, str(REPO / "tests" / "fakegpu"))
-from build import environment  # noqa: E402
-
 FAST = {"sample_seconds": 0.5, "sample_interval_s": 0.25}
 
 

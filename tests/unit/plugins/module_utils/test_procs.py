@@ -5,15 +5,12 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
+import harness
 import pytest
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _procs, _zombie_scan
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree import Proc
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "zombies"))
-import harness
 
 
 @pytest.fixture

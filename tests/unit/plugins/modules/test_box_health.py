@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
-import pytest
-from ansible.module_utils.testing import patch_module_args
-
 from ansible_collections.remote_gpu.trainer.plugins.modules import box_health
 
 
-def run_module(capsys, args):
-    with patch_module_args(args), pytest.raises(SystemExit) as exit_info:
-        box_health.main()
-    return exit_info.value.code, json.loads(capsys.readouterr().out)
-
-
-def test_healthy_dirs_pass(tmp_path, capsys):
+def test_healthy_dirs_pass(tmp_path, run_module):
     (tmp_path / "data").mkdir()
     (tmp_path / "durable").mkdir()
     code, result = run_module(
-        capsys,
+        box_health,
         {
             "data_dir": str(tmp_path / "data"),
             "durable_dir": str(tmp_path / "durable"),
@@ -36,9 +25,9 @@ def test_healthy_dirs_pass(tmp_path, capsys):
     assert result["facts"]["memory"]["host_total_mib"] > 0
 
 
-def test_missing_durable_dir_fails_with_finding_not_error(tmp_path, capsys):
+def test_missing_durable_dir_fails_with_finding_not_error(tmp_path, run_module):
     code, result = run_module(
-        capsys, {"data_dir": str(tmp_path), "durable_dir": str(tmp_path / "gone"), "_ansible_check_mode": True}
+        box_health, {"data_dir": str(tmp_path), "durable_dir": str(tmp_path / "gone"), "_ansible_check_mode": True}
     )
     assert code == 0
     assert result["status"] == "FAIL"
@@ -46,9 +35,9 @@ def test_missing_durable_dir_fails_with_finding_not_error(tmp_path, capsys):
     assert [f["path"] for f in unwritable] == [str(tmp_path / "gone")]
 
 
-def test_checkpoint_budget_and_memory_minimum(tmp_path, capsys):
+def test_checkpoint_budget_and_memory_minimum(tmp_path, run_module):
     code, result = run_module(
-        capsys, {"data_dir": str(tmp_path), "checkpoint_budget_gb": 1048576, "min_memory_gb": 1048576}
+        box_health, {"data_dir": str(tmp_path), "checkpoint_budget_gb": 1048576, "min_memory_gb": 1048576}
     )
     assert code == 0
     found = {f["code"]: f["level"] for f in result["findings"]}
@@ -57,8 +46,8 @@ def test_checkpoint_budget_and_memory_minimum(tmp_path, capsys):
     assert result["status"] == "FAIL"
 
 
-def test_inconsistent_thresholds_are_rejected(tmp_path, capsys):
-    code, result = run_module(capsys, {"data_dir": str(tmp_path), "disk_warn_pct": 95, "disk_fail_pct": 90})
+def test_inconsistent_thresholds_are_rejected(tmp_path, run_module):
+    code, result = run_module(box_health, {"data_dir": str(tmp_path), "disk_warn_pct": 95, "disk_fail_pct": 90})
     assert code == 1
     assert result["failed"] is True
     assert "disk_warn_pct" in result["msg"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -11,26 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import harness
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _procs
 from ansible_collections.remote_gpu.trainer.plugins.modules import vram_zombies
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "zombies"))
-import harness
-
-
-def run_module(args, check_mode=False):
-    args = dict(args, _ansible_check_mode=check_mode)
-    with patch_module_args(args), pytest.raises(SystemExit) as exit_info:
-        vram_zombies.main()
-    return exit_info.value.code
-
-
-def result_of(capsys, args, check_mode=False):
-    code = run_module(args, check_mode)
-    return code, json.loads(capsys.readouterr().out)
 
 
 @pytest.fixture
@@ -52,8 +36,8 @@ def box(tmp_path, monkeypatch):
     harness.stop_all()
 
 
-def test_report_only_lists_the_crashed_runs_holders(box, capsys):
-    code, result = result_of(capsys, box["args"])
+def test_report_only_lists_the_crashed_runs_holders(box, run_module):
+    code, result = run_module(vram_zombies, box["args"])
     assert code == 0
     assert result["changed"] is False
     assert result["status"] == "candidates"
@@ -70,15 +54,15 @@ def test_report_only_lists_the_crashed_runs_holders(box, capsys):
     assert all(harness.alive(pid) for pid in box["crashed"]["holders"])
 
 
-def test_check_mode_says_what_would_be_killed_and_kills_nothing(box, capsys):
-    _code, result = result_of(capsys, dict(box["args"], kill=True), check_mode=True)
+def test_check_mode_says_what_would_be_killed_and_kills_nothing(box, run_module):
+    _code, result = run_module(vram_zombies, dict(box["args"], kill=True), check_mode=True)
     assert result["changed"] is True
     assert result["would_kill"] == box["crashed"]["holders"]
     assert result["killed"] == [] and result["status"] == "candidates"
     assert all(harness.alive(pid) for pid in box["crashed"]["holders"])
 
 
-def test_a_corrupt_registry_refuses_to_kill_but_still_reports(box, capsys, monkeypatch):
+def test_a_corrupt_registry_refuses_to_kill_but_still_reports(box, run_module, monkeypatch):
     torn = box["data_dir"] / "runs" / "torn" / "run.json"
     torn.parent.mkdir()
     torn.write_text('{"pgid": ')
@@ -86,7 +70,7 @@ def test_a_corrupt_registry_refuses_to_kill_but_still_reports(box, capsys, monke
     # routes them to its display), so watch the module's own warn() calls.
     warned = []
     monkeypatch.setattr(vram_zombies.AnsibleModule, "warn", lambda _module, text: warned.append(text))
-    _code, result = result_of(capsys, dict(box["args"], kill=True))
+    _code, result = run_module(vram_zombies, dict(box["args"], kill=True))
     assert result["changed"] is False
     assert "nothing was signalled" in result["kill_refused"] and str(torn) in result["kill_refused"]
     assert result["registry_problems"][0].startswith(str(torn))
@@ -95,14 +79,14 @@ def test_a_corrupt_registry_refuses_to_kill_but_still_reports(box, capsys, monke
     assert all(harness.alive(pid) for pid in box["crashed"]["holders"])
 
 
-def test_kill_reaps_only_the_crashed_run_and_a_second_run_is_clean(box, capsys, tmp_path):
+def test_kill_reaps_only_the_crashed_run_and_a_second_run_is_clean(box, run_module, tmp_path):
     # An unregistered crashed job would be reaped too, but its worker is protected: the worker, its dataloader
     # and (holding the same process group) the rest of its job stay.
     kept = harness.start_job(tmp_path / "kept.json", tmp_path / "nvidia0", "--workers", "1", "--dataloaders")
     harness.kill_launcher(kept)
     protected = kept["workers"][0]
     args = dict(box["args"], kill=True, protect_pids=[protected])
-    _code, result = result_of(capsys, args)
+    _code, result = run_module(vram_zombies, args)
     holders = {h["pid"]: h for h in result["holders"]}
     assert holders[protected]["protected_by"] == "protect_pids"
     assert holders[kept["dataloaders"][0]]["protected_by"] == f"protect_pids (descendant of {protected})"
@@ -115,25 +99,25 @@ def test_kill_reaps_only_the_crashed_run_and_a_second_run_is_clean(box, capsys, 
     assert result["verification"]["holders_gone"] is True
     assert not any(harness.alive(pid) for pid in box["crashed"]["holders"])
     assert all(harness.alive(pid) for pid in box["live"]["holders"])
-    _code, again = result_of(capsys, args)
+    _code, again = run_module(vram_zombies, args)
     assert (again["changed"], again["status"], again["candidates"], again["killed"]) == (False, "clean", [], [])
     assert sorted(h["pid"] for h in again["holders"]) == sorted(box["live"]["holders"] + kept["holders"])
 
 
-def test_protect_patterns_spare_matching_processes(box, capsys):
-    _code, result = result_of(capsys, dict(box["args"], protect_patterns=["fake_job[.]py worker"]))
+def test_protect_patterns_spare_matching_processes(box, run_module):
+    _code, result = run_module(vram_zombies, dict(box["args"], protect_patterns=["fake_job[.]py worker"]))
     assert result["candidates"] == [] and result["status"] == "clean"
 
 
-def test_invalid_pattern_is_a_clear_error(capsys):
-    code, result = result_of(capsys, {"protect_patterns": ["ok", "(unclosed"]})
+def test_invalid_pattern_is_a_clear_error(run_module):
+    code, result = run_module(vram_zombies, {"protect_patterns": ["ok", "(unclosed"]})
     assert code == 1
     assert result["failed"] is True
     assert result["msg"].startswith("protect_patterns: invalid regular expression '(unclosed'")
 
 
-def test_invalid_subreaper_pattern_is_a_clear_error(capsys):
-    code, result = result_of(capsys, {"subreaper_patterns": ["[z-a]"]})
+def test_invalid_subreaper_pattern_is_a_clear_error(run_module):
+    code, result = run_module(vram_zombies, {"subreaper_patterns": ["[z-a]"]})
     assert code == 1
     assert result["msg"].startswith("subreaper_patterns: invalid regular expression '[z-a]'")
 
@@ -144,7 +128,7 @@ SUBREAPER = (
 )
 
 
-def test_orphans_adopted_by_a_configured_subreaper_are_reaped(tmp_path, monkeypatch, capsys):
+def test_orphans_adopted_by_a_configured_subreaper_are_reaped(tmp_path, monkeypatch, run_module):
     node = tmp_path / "nvidia0"
     node.write_bytes(b"")
     monkeypatch.setattr(_procs, "DEVICE_PATTERN", re.compile("^" + re.escape(str(node)) + "$"))
@@ -160,19 +144,19 @@ def test_orphans_adopted_by_a_configured_subreaper_are_reaped(tmp_path, monkeypa
             time.sleep(0.05)
         assert harness.parent_of(crashed["workers"][0]) == subreaper
         args = {"kill": True, "min_age_s": 0, "observe_s": 0, "grace_s": 2}
-        _code, spared = result_of(capsys, args)
+        _code, spared = run_module(vram_zombies, args)
         assert spared["killed"] == [] and all(harness.alive(pid) for pid in crashed["workers"])
         ours = {h["pid"]: h for h in spared["holders"] if h["pid"] in crashed["workers"]}
         assert all(h["reason"].startswith(f"its ancestor {subreaper} (") for h in ours.values())
-        _code, reaped = result_of(capsys, dict(args, subreaper_patterns=[r"prctl\(36, 1, "]))
+        _code, reaped = run_module(vram_zombies, dict(args, subreaper_patterns=[r"prctl\(36, 1, "]))
         assert sorted(k["pid"] for k in reaped["killed"]) == crashed["workers"]
         assert not any(harness.alive(pid) for pid in crashed["workers"])
     finally:
         harness.stop_all()
 
 
-def test_negative_durations_are_rejected(capsys):
-    code, result = result_of(capsys, {"grace_s": -1})
+def test_negative_durations_are_rejected(run_module):
+    code, result = run_module(vram_zombies, {"grace_s": -1})
     assert code == 1
     assert result["msg"] == "grace_s must be a finite number between 0 and 3600, got -1.0"
 
@@ -208,14 +192,14 @@ def shell_jobs(tmp_path, monkeypatch):
     harness.stop_all()
 
 
-def test_live_jobs_without_a_live_group_leader_survive_a_kill(shell_jobs, capsys):
+def test_live_jobs_without_a_live_group_leader_survive_a_kill(shell_jobs, run_module):
     nohup, setsid, crashed = shell_jobs["nohup"], shell_jobs["setsid"], shell_jobs["crashed"]
     # The shapes issue 7 describes: the nohup launcher leads no group, the setsid launcher's parent is the
     # &&-list's leftover shell.
     assert nohup["pgid"] != nohup["launcher"] and harness.alive(nohup["launcher"])
     leftover = harness.parent_of(setsid["launcher"])
     assert leftover != 1 and harness.alive(leftover)
-    _code, result = result_of(capsys, {"kill": True, "min_age_s": 0, "observe_s": 0, "grace_s": 2})
+    _code, result = run_module(vram_zombies, {"kill": True, "min_age_s": 0, "observe_s": 0, "grace_s": 2})
     assert sorted(k["pid"] for k in result["killed"]) == crashed["holders"]
     assert result["status"] == "reaped"
     holders = {h["pid"]: h for h in result["holders"]}
@@ -226,9 +210,9 @@ def test_live_jobs_without_a_live_group_leader_survive_a_kill(shell_jobs, capsys
     assert holders[setsid["workers"][0]]["reason"].startswith(f"its ancestor {setsid['launcher']} (")
 
 
-def test_every_candidate_skipped_is_not_reaped(box, capsys, monkeypatch):
+def test_every_candidate_skipped_is_not_reaped(box, run_module, monkeypatch):
     monkeypatch.setattr(_procs, "_same_process", lambda _proc: None)  # every PID now names another process
-    _code, result = result_of(capsys, dict(box["args"], kill=True))
+    _code, result = run_module(vram_zombies, dict(box["args"], kill=True))
     assert sorted(s["pid"] for s in result["skipped"]) == box["crashed"]["holders"]
     assert result["killed"] == [] and result["changed"] is False and result["verification"] is None
     assert result["status"] == "candidates"
@@ -236,12 +220,12 @@ def test_every_candidate_skipped_is_not_reaped(box, capsys, monkeypatch):
     assert all(harness.alive(pid) for pid in box["crashed"]["holders"])
 
 
-def test_a_missing_data_dir_is_reported_and_refuses_to_kill(box, capsys, tmp_path):
+def test_a_missing_data_dir_is_reported_and_refuses_to_kill(box, run_module, tmp_path):
     missing = tmp_path / "nonexistent"
-    _code, result = result_of(capsys, dict(box["args"], data_dir=str(missing), kill=True))
+    _code, result = run_module(vram_zombies, dict(box["args"], data_dir=str(missing), kill=True))
     assert result["registry_problems"] == [f"data_dir {missing}: not found, so the run registry could not be read"]
     assert str(missing) in result["kill_refused"] and result["changed"] is False
     assert all(harness.alive(pid) for pid in box["crashed"]["holders"])
     harness.stop_all()  # with no holder left, a missing registry still says so
-    _code, clean = result_of(capsys, {"data_dir": str(missing), "min_age_s": 0, "observe_s": 0})
+    _code, clean = run_module(vram_zombies, {"data_dir": str(missing), "min_age_s": 0, "observe_s": 0})
     assert clean["status"] == "clean" and clean["registry_problems"] == result["registry_problems"]

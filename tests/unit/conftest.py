@@ -1,0 +1,36 @@
+"""Shared fixtures of the unit tests, and the test helpers' folders on the import path, once for every test file."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Dict, Tuple
+
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+TESTS = Path(__file__).resolve().parent.parent
+# tests/zombies (fake jobs and their harness) and tests/fakegpu (the simulator's environment) are plain folders.
+for helpers in (TESTS / "zombies", TESTS / "fakegpu"):
+    if str(helpers) not in sys.path:
+        sys.path.insert(0, str(helpers))
+
+ModuleRun = Callable[..., Tuple[int, Dict[str, Any]]]
+
+
+@pytest.fixture
+def run_module(capsys: pytest.CaptureFixture[str]) -> ModuleRun:
+    """``run_module(module, args, check_mode=False)``: the module's main() through its argument spec.
+
+    Returns (exit code, result dict) as Ansible would receive them.
+    """
+
+    def run(module: ModuleType, args: Dict[str, Any], check_mode: bool = False) -> Tuple[int, Dict[str, Any]]:
+        args = dict(args, _ansible_check_mode=True) if check_mode else args
+        with patch_module_args(args), pytest.raises(SystemExit) as exited:
+            module.main()
+        return exited.value.code, json.loads(capsys.readouterr().out)
+
+    return run
