@@ -18,11 +18,12 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export ANSIBLE_NOCOLOR := 1
 
 .PHONY: help demo test system-deps venv collection simulator lint ruff yamllint ansible-lint role-specs \
-	sanity units simulator-tests fleet-tests molecule build-check clean
+	sanity units simulator-tests fleet-tests molecule build-check bench clean
 
 help:
 	@echo "make demo   bring up 3 simulated GPU boxes, run the collection against them, tear them down"
 	@echo "make test   lint, ansible-test sanity, unit, simulator, fleet and Molecule tests"
+	@echo "make bench  the collection against the seed scripts and plain tools (not part of make test; see benchmarks/)"
 
 ## Environment ---------------------------------------------------------------------------------------------
 
@@ -114,6 +115,11 @@ build-check: venv
 	  ANSIBLE_COLLECTIONS_PATH=$(abspath $(BUILD)/installed) $(BIN)/ansible-doc -t filter remote_gpu.trainer.$$name >/dev/null || exit 1; \
 	  echo "ansible-doc filter remote_gpu.trainer.$$name: ok"; \
 	done
+
+## Benchmarks (not part of make test: timings belong in benchmarks, not in assertions) ---------------------
+
+bench: venv system-deps collection simulator
+	$(BIN)/python benchmarks/bench.py
 
 ## Demo ----------------------------------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from fleet_host import Host
 
 REPO = Path(__file__).resolve().parents[2]
 FAKEGPU = Path(os.environ.get("RGT_FAKEGPU_DIR", REPO / "tests" / "fakegpu"))
+DELAY_RELAY = Path(__file__).resolve().parent / "delay_relay.py"
 ALLOCATION_LOCK = Path("/tmp/rgt-fleet.lock")
 ADDRESS_PREFIX = "127.77"
 READY_TIMEOUT_S = 30.0
@@ -155,22 +156,38 @@ class Fleet:
                 return host
         raise FleetError(f"no host {name!r} in {self.fleet_json}")
 
-    def ssh_options(self) -> list[str]:
-        return [
+    @property
+    def delay_ms(self) -> float:
+        """Round-trip delay every SSH connection to this fleet's hosts pays (0: none)."""
+        return float(self.record().get("delay_ms", 0))
+
+    def ssh_options(self, *, multiplex: bool = True) -> list[str]:
+        options = [
             "-o", "StrictHostKeyChecking=no",
             "-o", "UserKnownHostsFile=/dev/null",
             "-o", "LogLevel=ERROR",
             "-o", "ServerAliveInterval=5",
             "-o", "ServerAliveCountMax=3",
-            "-o", "ControlMaster=auto",
-            "-o", "ControlPersist=60s",
-            "-o", f"ControlPath={self.control_dir}/%C",
         ]  # fmt: skip
+        if multiplex:
+            options += [
+                "-o",
+                "ControlMaster=auto",
+                "-o",
+                "ControlPersist=60s",
+                "-o",
+                f"ControlPath={self.control_dir}/%C",
+            ]
+        else:
+            options += ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
+        if self.delay_ms:
+            options += ["-o", f"ProxyCommand={sys.executable} {DELAY_RELAY} --rtt-ms {self.delay_ms:g} %h %p"]
+        return options
 
     def ssh_argv(self, name: str, command: str | Sequence[str], *, multiplex: bool = True) -> list[str]:
         """argv that runs ``command`` on host ``name`` as root (a sequence is joined by the remote shell)."""
         host = self.host(name)
-        options = self.ssh_options() if multiplex else [*self.ssh_options()[:10], "-o", "ControlMaster=no"]
+        options = self.ssh_options(multiplex=multiplex)
         remote = command if isinstance(command, str) else " ".join(command)
         return [
             "ssh", *options, "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
@@ -196,8 +213,14 @@ class Fleet:
         scenarios: Sequence[str | os.PathLike[str]],
         names: Sequence[str] | None = None,
         timeout_s: float = READY_TIMEOUT_S,
+        delay_ms: float = 0,
     ) -> list[dict[str, Any]]:
-        """Start one host per scenario, wait until each answers SSH, write inventory.ini and fleet.json."""
+        """Start one host per scenario, wait until each answers SSH, write inventory.ini and fleet.json.
+
+        ``delay_ms``: every SSH connection to the hosts (ours and the inventory's) pays that round-trip delay.
+        """
+        if delay_ms < 0:
+            raise FleetError(f"delay_ms must be 0 or more, not {delay_ms}")
         paths = [str(Path(scenario).resolve()) for scenario in scenarios]
         names = list(names) if names else default_names(paths)
         self._check_names(paths, names)
@@ -205,14 +228,14 @@ class Fleet:
             raise FleetError(f"a fleet is already running in {self.state_dir}: run `down` first")
         self._remove_state()  # leftovers of an interrupted run
         try:
-            hosts = self._up(names, paths, timeout_s)
+            hosts = self._up(names, paths, timeout_s, delay_ms)
         except BaseException:
             self.down(keep_logs=True)
             raise
-        self._write_records(hosts)
+        self._write_records(hosts, delay_ms)
         return self.hosts
 
-    def _up(self, names: list[str], paths: list[str], timeout_s: float) -> list[Host]:
+    def _up(self, names: list[str], paths: list[str], timeout_s: float, delay_ms: float) -> list[Host]:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.control_dir.mkdir(parents=True, exist_ok=True)
         self._build_simulator()
@@ -230,9 +253,9 @@ class Fleet:
                 self._describe(name, path, f"{ADDRESS_PREFIX}.{subnet}.{index + 1}", port)
                 for index, (name, path) in enumerate(zip(names, paths))
             ]
-            started = self._start(hosts, authorized_keys)
+            started = self._start(hosts, authorized_keys, delay_ms)
             self._wait_for_banners(hosts, started, timeout_s)
-        self._check_ssh(hosts, timeout_s)
+        self._check_ssh(hosts, timeout_s, delay_ms)
         return hosts
 
     def _check_names(self, paths: list[str], names: list[str]) -> None:
@@ -303,7 +326,7 @@ class Fleet:
             simulator_env=simulator_env,
         )
 
-    def _start(self, hosts: list[Host], authorized_keys: Path) -> dict[str, subprocess.Popen[bytes]]:
+    def _start(self, hosts: list[Host], authorized_keys: Path, delay_ms: float) -> dict[str, subprocess.Popen[bytes]]:
         cgroup_parent = fleet_procs.own_memory_cgroup()
         for host in hosts:
             fleet_host.prepare(host, self.state_dir, authorized_keys)
@@ -320,7 +343,7 @@ class Fleet:
             )
             started[host.name] = fleet_host.start(host, environment)
             host.unshare_pid = started[host.name].pid
-        self._write_records(hosts)  # so `down` and `status` know the pids even if waiting fails
+        self._write_records(hosts, delay_ms)  # so `down` and `status` know the pids even if waiting fails
         return started
 
     def _wait_for_banners(
@@ -345,9 +368,9 @@ class Fleet:
             if pending:
                 time.sleep(0.05)
 
-    def _check_ssh(self, hosts: list[Host], timeout_s: float) -> None:
+    def _check_ssh(self, hosts: list[Host], timeout_s: float, delay_ms: float) -> None:
         """Log in once per host (key, shell and simulator environment all work), a few at a time."""
-        self._write_records(hosts)
+        self._write_records(hosts, delay_ms)
         queue = list(hosts)
         running: list[tuple[Host, subprocess.Popen[bytes]]] = []
         deadline = time.monotonic() + timeout_s
@@ -372,9 +395,10 @@ class Fleet:
                     f" log {host.log}:\n{_tail(host.log)}"
                 )
 
-    def _write_records(self, hosts: list[Host]) -> None:
+    def _write_records(self, hosts: list[Host], delay_ms: float) -> None:
         record = {
             "state_dir": str(self.state_dir),
+            "delay_ms": delay_ms,
             "key": str(self.key_path),
             "control_dir": str(self.control_dir),
             "inventory": str(self.inventory_path),
@@ -384,7 +408,8 @@ class Fleet:
         self.inventory_path.write_text(self.inventory(hosts))
 
     def inventory(self, hosts: list[Host]) -> str:
-        common = " ".join(self.ssh_options())
+        # The value sits in single quotes and Ansible splits it like a shell: an option with spaces gets double ones.
+        common = " ".join(f'"{option}"' if " " in option else option for option in self.ssh_options())
         lines = ["[fleet]"]
         for host in hosts:
             lines.append(
@@ -452,6 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     up.add_argument("--scenario", action="append", required=True)
     up.add_argument("--name", action="append", help="host names, in scenario order (default: file stems)")
     up.add_argument("--timeout", type=float, default=READY_TIMEOUT_S, help="seconds to wait for SSH")
+    up.add_argument("--delay-ms", type=float, default=0, help="round-trip delay of every SSH connection to the hosts")
     status = commands.add_parser("status", help="print each host and whether it answers SSH")
     status.add_argument("--state-dir", required=True)
     ssh = commands.add_parser("ssh", help="run a command on one host")
@@ -466,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "up":
-            hosts = Fleet(args.state_dir).up(args.scenario, args.name, args.timeout)
+            hosts = Fleet(args.state_dir).up(args.scenario, args.name, args.timeout, args.delay_ms)
             for host in hosts:
                 where = f"{host['address']}:{host['port']}"
                 print(f"{host['name']}\t{where}\t{host['gpu_count']} GPU(s)\t{host['scenario_source']}")

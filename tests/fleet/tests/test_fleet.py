@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -241,3 +242,27 @@ def test_an_invalid_scenario_is_refused_before_anything_starts(fresh_fleet: Flee
     assert fleet_procs.marked_processes(str(fresh_fleet.state_dir)) == {}
     assert not fresh_fleet.fleet_json.exists()
     assert not fresh_fleet.control_dir.exists()
+
+
+def test_a_delayed_fleet_pays_the_round_trip_on_every_connection(fresh_fleet: Fleet, tmp_path: Path) -> None:
+    fresh_fleet.up([write_scenario(tmp_path, "far", "{}\n")], delay_ms=300)
+    assert fresh_fleet.delay_ms == 300
+    assert run(fresh_fleet, "far", "echo ready").strip() == "ready"  # opens the multiplexed master
+
+    started = time.monotonic()
+    assert run(fresh_fleet, "far", "echo again").strip() == "again"
+    assert time.monotonic() - started >= 0.3  # even over the open master, the request and reply cross the delay
+
+    ansible = Path(sys.executable).with_name("ansible")
+    ping = subprocess.run(
+        [str(ansible), "-i", str(fresh_fleet.inventory_path), "all", "-m", "ansible.builtin.ping"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert ping.returncode == 0, ping.stdout + ping.stderr  # the inventory's ProxyCommand survives Ansible's quoting
+    assert '"ping": "pong"' in ping.stdout
+
+
+def test_a_negative_delay_is_refused(fresh_fleet: Fleet, tmp_path: Path) -> None:
+    with pytest.raises(FleetError, match="delay_ms must be 0 or more"):
+        fresh_fleet.up([write_scenario(tmp_path, "plain", "{}\n")], delay_ms=-1)
+    assert not fresh_fleet.fleet_json.exists()
