@@ -2,7 +2,12 @@
 
     .venv/bin/python benchmarks/gpu_health_sample.py [--out DIR]
 
-Each run is the module as Ansible starts it (a fresh Python process) under the GPU simulator.
+Each run is the module's own process as Ansible would start it on the box: a fresh Python with the JSON args
+payload (``python -m ...modules.gpu_health '{"ANSIBLE_MODULE_ARGS": ...}'``), under the GPU simulator's environment
+on this machine. It leaves out everything Ansible adds around that process: no Ansible controller (no inventory,
+no task engine, no AnsiballZ packaging, whose zip import also compiles the module_utils without cached .pyc),
+no SSH, no transfer of the module to the box, no interpreter discovery (this checkout's venv Python runs it).
+benchmarks/row_gpu_health.py measures the same process inside a fleet box and the whole ``ansible -m`` call.
 CPU time is the child's user + system time, nvidia-smi processes included.
 """
 

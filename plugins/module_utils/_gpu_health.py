@@ -69,7 +69,9 @@ def pid_visible(pid: int) -> bool:
     return os.path.exists(f"/proc/{int(pid)}")
 
 
-def _open_backend(choice: str, run: Runner, nvml: Any, timeout_s: float) -> Tuple[Any, Optional[str], str]:
+def _open_backend(
+    choice: str, run: Runner, nvml: Any, timeout_s: float, monotonic: Callable[[], float] = time.monotonic
+) -> Tuple[Any, Optional[str], str]:
     """(opened backend or None, why none could start, name of the backend that answered last)."""
     if choice in ("auto", "nvml"):
         if nvml is None:
@@ -85,7 +87,7 @@ def _open_backend(choice: str, run: Runner, nvml: Any, timeout_s: float) -> Tupl
             except NvmlLibraryMissing as exc:
                 if choice == "nvml":
                     return None, f"libnvidia-ml.so.1 not found: {exc}", backend.name
-    smi = SmiBackend(run, timeout_s)
+    smi = SmiBackend(run, timeout_s, monotonic=monotonic)
     try:
         smi.open()
     except SmiNoDriver as exc:
@@ -103,11 +105,17 @@ def _sample_window(
     interval: float,
     sleep: Callable[[float], None],
     monotonic: Callable[[], float],
+    start: Optional[float] = None,
 ) -> None:
-    """Append one sample per GPU at t = 0, interval, 2*interval ... up to ``seconds``."""
-    start = monotonic()
+    """Append one sample per GPU at t = 0, interval, 2*interval ... up to ``seconds``.
+
+    ``start``: when the first sample was taken, if the backend took it while opening (nvidia-smi's first query).
+    """
+    start = monotonic() if start is None else start
     tick = 0
     while True:
+        if interval <= 0 or start + (tick + 1) * interval > start + seconds + 1e-9:
+            backend.before_last_sample()
         readings = backend.sample()
         for gpu in gpus:
             reading = readings.get(gpu["index"])
@@ -156,7 +164,7 @@ def _read_kernel_log(
 ) -> Tuple[Dict[str, Any], Optional[List[Dict[str, Any]]], Optional[Dict[str, Any]]]:
     """(summary, parsed events or None, the kernel_log_unreadable finding or None)."""
     log = _kernel_log.read_kernel_log(run, options["kernel_log_timeout_s"])
-    summary = {"source": log.get("source"), "readable": log.get("lines") is not None}
+    summary = {"source": log.get("source"), "readable": log.get("lines") is not None, "truncated": log["truncated"]}
     unreadable = _kernel_log.kernel_log_finding(log)
     return summary, (None if unreadable is not None else _xid.parse_kernel_log(log["lines"])), unreadable
 
@@ -256,18 +264,28 @@ def _read_gpus(
     all_gpus: Optional[List[Dict[str, Any]]] = None
     found: List[Dict[str, Any]] = []
     try:
-        versions.update(backend.versions())
-        all_gpus = backend.inventory()
-        selected = [gpu for gpu in all_gpus if requested is None or gpu["index"] in requested]
-        for gpu in selected:
-            gpu["samples"] = []
-        seconds, interval = options["sample_seconds"], options["sample_interval_s"]
-        _sample_window(backend, selected, seconds=seconds, interval=interval, sleep=sleep, monotonic=monotonic)
-        _attach_processes(backend, selected, is_visible)
+        try:
+            all_gpus = backend.inventory()
+            selected = [gpu for gpu in all_gpus if requested is None or gpu["index"] in requested]
+            for gpu in selected:
+                gpu["samples"] = []
+            seconds, interval = options["sample_seconds"], options["sample_interval_s"]
+            _sample_window(
+                backend, selected, seconds=seconds, interval=interval, sleep=sleep, monotonic=monotonic,
+                start=backend.first_sample_at,
+            )  # fmt: skip
+            _attach_processes(backend, selected, is_visible)
+        finally:
+            # What nvidia-smi read while the window ran, also after a window that failed part-way.
+            # A lost GPU only that read names gets no readings, but is judged.
+            for gpu in backend.complete(all_gpus) if all_gpus is not None else []:
+                if requested is None or gpu["index"] in requested:
+                    gpu["samples"] = []
         _name_lost_gpus(backend, all_gpus, events)
     except SmiError as exc:
         found.append(finding("gpu_query_failed", "WARN", f"reading the GPUs failed part-way: {exc}", "investigate"))
     finally:
+        versions.update(backend.versions())
         backend.close()
     return versions, all_gpus, found
 
@@ -321,7 +339,9 @@ def check_gpu_health(
     requested = options["gpus"] or None
     # Read first: naming a lost GPU needs the log's addresses while NVML is still open.
     kernel_log, events, unreadable = _read_kernel_log(options, run)
-    backend, no_driver, backend_name = _open_backend(options["backend"], run, nvml, options["command_timeout_s"])
+    backend, no_driver, backend_name = _open_backend(
+        options["backend"], run, nvml, options["command_timeout_s"], monotonic=monotonic
+    )
     result: Dict[str, Any] = {"driver_version": None, "cuda_version": None, "gpus": []}
     result.update(kernel_log=kernel_log, backend=backend_name)
     all_gpus: Optional[List[Dict[str, Any]]] = None

@@ -48,6 +48,7 @@ class _GpuLost(Exception):
 
 class NvmlBackend:
     name = "nvml"
+    first_sample_at: Optional[float] = None  # the window starts at its first sample() call
 
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
@@ -236,6 +237,9 @@ class NvmlBackend:
                 readings[index] = None
         return readings
 
+    def before_last_sample(self) -> None:
+        """Nothing to start early: processes() is one in-process call per GPU."""
+
     def processes(self) -> Dict[int, List[Dict[str, Any]]]:
         found: Dict[int, List[Dict[str, Any]]] = {}
         for index, handle in self._handles.items():
@@ -263,6 +267,10 @@ class NvmlBackend:
 
     def lost_indexes(self) -> List[int]:
         return sorted(index for index, lost in self._lost.items() if lost)
+
+    def complete(self, gpus: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """Nothing to add: inventory() read the static state (in-process calls, no window to overlap)."""
+        return []
 
     # ----------------------------------------------------------------- vram_zombies' view
 

@@ -14,13 +14,18 @@ from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._command import (
-    MAX_BYTES,
     RC_NOT_EXECUTABLE,
     RC_NOT_FOUND,
     RC_TIMEOUT,
     Runner,
+    subprocess_runner,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._stream_tail import (
+    LogLines,
+    TailBuffer,
+    stream_command,
+)
 
 DEFAULT_MAX_LINES = 200000
 _ERROR_TEXT = 200
@@ -51,43 +56,63 @@ def _is_flag_rejected(rc: int, stderr: str) -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 # Reading
 # ---------------------------------------------------------------------------------------------------------------
-def _attempt(run: Runner, argv: List[str], timeout_s: float) -> Tuple[Dict[str, Any], Optional[List[str]], str]:
-    rc, stdout, stderr = run(argv, timeout_s)
+def _attempt(
+    run: Runner, argv: List[str], timeout_s: float, max_lines: int
+) -> Tuple[Dict[str, Any], Optional[LogLines], str, Dict[str, Any]]:
+    """(attempt record, kept lines or None, stderr, what was read: truncated, bytes_read, bytes_decoded)."""
+    tail = TailBuffer(max_lines)
+    if run is subprocess_runner:  # the module's own runner: stream, never holding the whole output
+        rc, stderr = stream_command(argv, timeout_s, tail)
+    else:
+        rc, stdout, stderr = run(argv, timeout_s)
+        tail.feed(stdout.encode("utf-8", "surrogatepass"))
+    text, decoded, truncated = tail.text()
+    lines = LogLines(text)
+    first = next(iter(lines), None)  # iterating stops early: nothing is split beyond what is looked at
     command = " ".join(argv)
-    lines = [line for line in stdout[-MAX_BYTES:].splitlines() if line.strip()]
     if rc == RC_TIMEOUT:
         error: Optional[str] = f"timed out after {timeout_s:g} s"
     elif rc == RC_NOT_FOUND:
         error = "not installed"
     elif rc != 0:
-        error = _one_line(stderr) or _one_line(stdout) or "failed with no message"
-    elif not lines or all(line.strip() == "-- No entries --" for line in lines):
+        error = _one_line(stderr) or _one_line(first or "") or "failed with no message"
+    elif first is None or all(line.strip() == "-- No entries --" for line in lines):
         error = "no entries"
     else:
         error = None
-    return {"command": command, "rc": rc, "error": error}, (lines if error is None else None), stderr
+    record = {"command": command, "rc": rc, "error": error}
+    if error is not None:
+        return record, None, stderr, dict(_NOTHING_READ)
+    return record, lines, stderr, {"truncated": truncated, "bytes_read": tail.bytes_read, "bytes_decoded": decoded}
+
+
+_NOTHING_READ: Dict[str, Any] = {"truncated": False, "bytes_read": 0, "bytes_decoded": 0}
 
 
 def read_kernel_log(run: Runner, timeout_s: float, max_lines: int = DEFAULT_MAX_LINES) -> Dict[str, Any]:
     """The kernel log's last ``max_lines`` lines, from dmesg or the journal.
 
-    Returns ``lines`` (None when unreadable), ``source`` ('dmesg' | 'journalctl' | None) and ``attempts``
-    (``{command, rc, error}`` each, error None for the one that worked). ``run(argv, timeout)`` returns
-    ``(rc, stdout, stderr)``; each command gets ``timeout_s``.
+    Returns ``lines`` (a ``LogLines``, None when unreadable), ``source`` ('dmesg' | 'journalctl' | None),
+    ``attempts`` (``{command, rc, error}`` each, error None for the one that worked), and what was read:
+    ``truncated`` (older lines were left out, so an Xid there went unseen; journalctl applies the cap itself,
+    so there it means it printed the full ``max_lines``), ``bytes_read`` and ``bytes_decoded`` (only the kept
+    tail is decoded). ``run(argv, timeout)`` returns ``(rc, stdout, stderr)``; each command gets ``timeout_s``.
+    The module's own ``subprocess_runner`` is not called: the command is streamed under the same contract.
     """
     attempts = []
-    record, lines, stderr = _attempt(run, DMESG_ISO, timeout_s)
+    record, lines, stderr, read = _attempt(run, DMESG_ISO, timeout_s, max_lines)
     attempts.append(record)
     if lines is None and _is_flag_rejected(record["rc"], stderr):
-        record, lines, _stderr = _attempt(run, DMESG_PLAIN, timeout_s)
+        record, lines, _stderr, read = _attempt(run, DMESG_PLAIN, timeout_s, max_lines)
         attempts.append(record)
     if lines is not None:
-        return {"lines": lines[-max_lines:], "source": "dmesg", "attempts": attempts}
-    record, lines, _stderr = _attempt(run, journalctl_argv(max_lines), timeout_s)
+        return dict(read, lines=lines, source="dmesg", attempts=attempts)
+    record, lines, _stderr, read = _attempt(run, journalctl_argv(max_lines), timeout_s, max_lines)
     attempts.append(record)
     if lines is not None:
-        return {"lines": lines[-max_lines:], "source": "journalctl", "attempts": attempts}
-    return {"lines": None, "source": None, "attempts": attempts}
+        read["truncated"] = read["truncated"] or lines.text.count("\n") >= max_lines
+        return dict(read, lines=lines, source="journalctl", attempts=attempts)
+    return dict(_NOTHING_READ, lines=None, source=None, attempts=attempts)
 
 
 def kernel_log_finding(result: Dict[str, Any]) -> Optional[Dict[str, Any]]:

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, tzinfo
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import kernel_pci
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._kernel_log import split_record
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._stream_tail import LogLines
 
 # (code, short name, kind, renter's action). Written from NVIDIA's public Xid catalog and nverror.h.
 _CATALOG_ROWS = (
@@ -177,6 +178,7 @@ class _Collector:
         self.events: List[Dict[str, Any]] = []
         self._kept: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
         self._counts: Dict[Tuple[Any, ...], int] = {}
+        self._pending: Dict[Tuple[Any, ...], str] = {}  # key -> line of its newest folded event, time not yet read
 
     def is_full(self, key: Tuple[Any, ...]) -> bool:
         return self._counts.get(key, 0) >= self.max_per_key
@@ -195,6 +197,19 @@ class _Collector:
         last["count"] += 1
         last["last_timestamp"] = timestamp
         last["last_uptime_s"] = uptime
+        self._pending.pop(key, None)
+
+    def fold_line(self, key: Tuple[Any, ...], line: str) -> None:
+        """Fold an event whose time is read from ``line`` only if it stays the newest (``finish``)."""
+        self._kept[key]["count"] += 1
+        self._pending[key] = line
+
+    def finish(self, year: Optional[int], local_tz: Optional[tzinfo]) -> List[Dict[str, Any]]:
+        for key, line in self._pending.items():
+            timestamp, uptime, _message = split_record(line, year, local_tz)
+            self._kept[key].update(last_timestamp=timestamp, last_uptime_s=uptime)
+        self._pending.clear()
+        return self.events
 
 
 def parse_kernel_log(
@@ -210,7 +225,10 @@ def parse_kernel_log(
     ``max_per_key`` events are kept per (event, code, pci); the last kept one counts the rest in ``count``
     and holds the newest one's time in ``last_timestamp`` / ``last_uptime_s``. Local-time stamps (dmesg -T,
     syslog) are read in ``local_tz`` (default: this machine's zone); syslog stamps get ``year`` or a guess.
+    A ``LogLines`` (what ``read_kernel_log`` returns) is searched as one text, visiting only the lines that matter.
     """
+    if isinstance(lines, LogLines):
+        lines = _lines_that_may_matter(lines.text)
     collector = _Collector(max_per_key)
     pci_cache: Dict[str, Optional[str]] = {}  # a flood of Xids repeats the same few addresses
     block: Optional[Dict[str, Any]] = None  # an open "The NVIDIA GPU <pci> ... fallen off the bus" block
@@ -219,13 +237,20 @@ def parse_kernel_log(
         block = _count_down(block)
         if block is None and not _may_matter(line):
             continue
+        if block is None or line[:1] not in (" ", "\t"):  # a record of its own: its message ends the line
+            flood = _XID_RE.search(line)
+            if flood is not None:
+                key = ("xid", int(flood.group(2)), _cached_pci(pci_cache, flood.group(1)))
+                if collector.is_full(key):  # a flood of one key: count it, and split only its newest line
+                    collector.fold_line(key, line)
+                    continue
         record = _record(line, block, year, local_tz)
         xid = _XID_RE.search(record.message)
         if xid is not None:
             _collect_xid(collector, xid, _cached_pci(pci_cache, xid.group(1)), record, line)
         else:
             block = _follow_bus_block(collector, block, record, line)
-    return collector.events
+    return collector.finish(year, local_tz)
 
 
 def _count_down(block: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -236,9 +261,41 @@ def _count_down(block: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     return block if block["budget"] >= 0 else None
 
 
+# "Xid (" rather than "Xid": _XID_RE needs it, and the longer word is found twice as fast in a long text.
+_KEYWORDS = ("Xid (", "NVIDIA GPU", "fallen off")
+
+
 def _may_matter(line: str) -> bool:
     """A cheap test that skips the splitting of nearly every line of a long log."""
-    return "Xid" in line or "NVIDIA GPU" in line or "fallen off" in line
+    return "Xid (" in line or "NVIDIA GPU" in line or "fallen off" in line
+
+
+def _lines_that_may_matter(text: str) -> Iterator[str]:
+    """The lines of ``text`` (as ``LogLines`` splits it) that ``_may_matter``, found with ``str.find``, and each
+    "NVIDIA GPU" line's next ``_SPLIT_BLOCK_LINES`` lines, where its block may go on.
+
+    Every line left out is one the plain loop would skip too, and none falls inside a block that may still be
+    open, so the block's line budget runs out exactly as it would over every line.
+    """
+    hits = [text.find(word) for word in _KEYWORDS]
+    start = 0  # where the first line not yet visited begins
+    while True:
+        found = [hit for hit in hits if hit >= 0]
+        if not found:
+            return
+        hit = min(found)
+        newline = text.rfind("\n", start, hit)
+        start = start if newline < 0 else newline + 1
+        follow = 1  # lines still to visit: the hit's own, then a block's
+        while follow and start < len(text):
+            end = text.find("\n", start)
+            end = len(text) if end < 0 else end
+            line = text[start:end].rstrip("\r")
+            start = end + 1
+            if line.strip():
+                yield line
+                follow = _SPLIT_BLOCK_LINES if "NVIDIA GPU" in line else follow - 1
+        hits = [hit if hit < 0 or hit >= start else text.find(word, start) for hit, word in zip(hits, _KEYWORDS)]
 
 
 class _Record(NamedTuple):

@@ -222,6 +222,12 @@ kernel_log:
     readable:
       description: Whether a kernel log was read (false means Xids could not be ruled out).
       type: bool
+    truncated:
+      description:
+        - Whether older lines were left out because the log is longer than the 200,000 lines read from its end
+          (or, for C(journalctl), it printed that many), so an Xid in them went unseen.
+        - Only that tail is decoded and parsed, whatever the log's length.
+      type: bool
 gpus:
   description: One dict per checked GPU. Readings are the last sample; C(window) holds the window's range.
   returned: always

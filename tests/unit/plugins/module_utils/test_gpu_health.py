@@ -6,12 +6,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
 import yaml
 from build import environment
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _kernel_log as kl
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_health import check_gpu_health, parse_since
 from ansible_collections.remote_gpu.trainer.plugins.modules.gpu_health import default_options
 from ansible_collections.remote_gpu.trainer.tests.testpaths import CAPTURES, REPO, SCENARIOS
@@ -81,8 +83,18 @@ def test_healthy_box_passes_with_a_full_window():
     (gpu,) = result["gpus"]
     assert gpu["window"]["samples"] == 7 and box.t == pytest.approx(3.0)
     assert gpu["clocks_event_reasons"] == ["gpu_idle"] and gpu["temperature_c"] == 35
-    assert result["kernel_log"] == {"source": "dmesg", "readable": True}
+    assert result["kernel_log"] == {"source": "dmesg", "readable": True, "truncated": False}
     assert result["driver_version"] == "550.54.15" and result["cuda_version"] == "12.4"
+
+
+def test_a_kernel_log_longer_than_the_cap_is_read_from_its_end_and_says_so():
+    older = (XID_48,) + ("[ 8121.700] eth0: link up",) * kl.DEFAULT_MAX_LINES
+    result = Box(kernel_lines=older).check(StubNvml([datacenter_gpu(procs=[])]))
+    assert result["kernel_log"] == {"source": "dmesg", "readable": True, "truncated": True}
+    assert codes(result) == []  # the Xid fell before the kept tail: unseen, and the summary says the tail was cut
+    newer = (*older[1:], XID_48)
+    result = Box(kernel_lines=newer).check(StubNvml([datacenter_gpu(procs=[])]))
+    assert result["kernel_log"]["truncated"] is True and codes(result) == ["xid_hardware"]
 
 
 def test_throttle_starting_mid_window_is_caught_end_to_end():
@@ -125,6 +137,75 @@ def test_auto_falls_back_to_nvidia_smi_when_the_library_is_missing():
     assert result["driver_version"] == "535.129.03" and result["gpus"][0]["window"]["samples"] == 7
 
 
+A10_ROW = "0, 00000000:07:00.0, NVIDIA A10, GPU-a, 33, 225, 1695, 43.89, 150.00, 4, 23028, 0x1\n"
+
+
+def test_nvidia_smi_reads_its_static_state_while_the_window_runs_and_asks_once_per_sample():
+    q_text = (CAPTURES / "q_full" / "gpud__a10__535.129.03.txt").read_text()
+    window_running, overlapped = threading.Event(), []
+
+    def smi(argv):
+        if argv[1] == "-q":
+            overlapped.append(window_running.wait(timeout=2))
+            return 0, q_text, ""
+        return (0, A10_ROW, "") if argv[1].startswith("--query-gpu") else (0, "", "")
+
+    box = Box(smi=smi)
+    box.on_tick.append(lambda _t: window_running.set())
+    result = box.check(None, backend="nvidia-smi")
+    assert overlapped == [True], "-q must not hold up the window"
+    assert codes(result) == ["row_remap_pending"] and result["driver_version"] == "535.129.03"
+    calls = [argv[1] for argv in box.calls if argv[0] == "nvidia-smi"]
+    # 7 samples in 3 s, the first being the query that names the GPUs; then -q, nvlink -s, the compute apps.
+    assert len(calls) == 10 and sum(call.startswith("--query-gpu") for call in calls) == 7
+    assert result["gpus"][0]["window"]["samples"] == 7
+
+
+def test_nvidia_smi_times_the_window_from_the_query_that_opened_it():
+    box = Box()
+
+    def smi(argv):
+        if argv[1].startswith("--query-gpu"):
+            box.t += 0.1  # each query takes 0.1 s
+            return 0, A10_ROW, ""
+        return 0, "", ""
+
+    box.smi = smi
+    result = box.check(None, backend="nvidia-smi")
+    # Queries start at 0, 0.5 ... 3.0: the last one ends at 3.1, not one query later.
+    assert result["gpus"][0]["window"]["samples"] == 7 and box.t == pytest.approx(3.1)
+
+
+def test_nvidia_smi_asks_for_the_compute_apps_alongside_the_last_sample():
+    apps_asked, queries, overlapped = threading.Event(), [], []
+
+    def smi(argv):
+        if argv[1].startswith("--query-compute-apps"):
+            apps_asked.set()
+            return 0, "00000000:07:00.0, 77, 500\n", ""
+        if argv[1].startswith("--query-gpu"):
+            queries.append(argv)
+            if len(queries) == 7:  # the window's last sample
+                overlapped.append(apps_asked.wait(timeout=2))
+            return 0, A10_ROW, ""
+        return 0, "", ""
+
+    result = Box(smi=smi).check(None, backend="nvidia-smi")
+    assert overlapped == [True] and len(queries) == 7
+    assert result["gpus"][0]["processes"] == [{"pid": 77, "used_memory_mib": 500, "visible": True}]
+
+
+def test_nvidia_smi_q_failing_after_the_window_started_still_judges_the_window():
+    def smi(argv):
+        if argv[1] == "-q":
+            return 9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", ""
+        return (0, A10_ROW, "") if argv[1].startswith("--query-gpu") else (0, "", "")
+
+    result = Box(smi=smi).check(None, backend="nvidia-smi")
+    assert codes(result) == ["gpu_query_failed"] and result["status"] == "WARN"
+    assert result["gpus"][0]["window"]["samples"] == 7 and result["gpus"][0]["name"] == "NVIDIA A10"
+
+
 def test_no_gpus_through_nvidia_smi_is_only_a_count_mismatch():
     # nvidia-smi answers every query with "No devices were found" and exit 6 when the box has no GPU.
     result = Box(smi=lambda argv: (6, "No devices were found\n", "")).check(StubNvml([], init_error=LIBRARY_NOT_FOUND))
@@ -145,7 +226,7 @@ def test_driver_not_loaded():
 def test_unreadable_kernel_log_warns():
     result = Box(kernel_lines=None).check(StubNvml([datacenter_gpu(procs=[])]))
     assert codes(result) == ["kernel_log_unreadable"] and result["status"] == "WARN"
-    assert result["kernel_log"] == {"source": None, "readable": False}
+    assert result["kernel_log"] == {"source": None, "readable": False, "truncated": False}
 
 
 def test_xids_map_to_gpus_and_a_lost_gpu_is_reported_once():

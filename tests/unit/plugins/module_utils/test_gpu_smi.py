@@ -209,6 +209,7 @@ def test_backend_maps_rows_falls_back_to_old_field_name_and_places_a_lost_gpu():
     backend = smi.SmiBackend(run, timeout_s=7)
     backend.open()
     gpus = backend.inventory()
+    assert backend.complete(gpus) == []
     assert [gpu["index"] for gpu in gpus] == list(range(8))
     assert [gpu["lost"] for gpu in gpus] == [False, True] + [False] * 6
     assert gpus[1]["pci_bus_id"] == BUS_IDS[1] and gpus[2]["pci_bus_id"] == BUS_IDS[2]
@@ -222,11 +223,53 @@ def test_backend_maps_rows_falls_back_to_old_field_name_and_places_a_lost_gpu():
 def test_backend_driver_not_loaded_and_missing_binary():
     no_driver = (9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", "")
     with pytest.raises(smi.SmiNoDriver, match="couldn't communicate"):
-        smi.SmiBackend(ScriptedRunner([("-q", no_driver)])).open()
+        smi.SmiBackend(ScriptedRunner([("--query-gpu", no_driver)])).open()
     with pytest.raises(smi.SmiNoDriver, match="not found"):
         smi.SmiBackend(ScriptedRunner([])).open()
     with pytest.raises(smi.SmiError, match="timed out"):
-        smi.SmiBackend(ScriptedRunner([("-q", (124, "", ""))])).open()
+        smi.SmiBackend(ScriptedRunner([("--query-gpu", (124, "", ""))])).open()
+
+
+def test_the_open_query_is_the_first_sample_and_the_static_reads_are_merged_by_complete():
+    run = ScriptedRunner([("-q", (0, Q_TEXT, "")), ("--query-gpu", (0, _rows(range(8)), "")), ("nvlink", (0, "", ""))])
+    backend = smi.SmiBackend(run, timeout_s=7)
+    backend.open()
+    gpus = backend.inventory()
+    first = backend.sample()
+    queries = [argv[1] for argv, _t in run.calls if argv[1].startswith("--query-gpu")]
+    assert len(queries) == 1 and sorted(first) == list(range(8)) and first[0]["temperature_c"] == 40
+    backend.sample()
+    assert len([argv for argv, _t in run.calls if argv[1].startswith("--query-gpu")]) == 2
+    assert "ecc" not in gpus[0] and backend.versions()["driver_version"] is None  # -q is merged by complete()
+    backend.complete(gpus)
+    assert gpus[0]["ecc"]["enabled"] is True and gpus[0]["power_default_limit_w"] == 700.0
+    assert backend.versions()["driver_version"] == "535.161.08"
+    assert sorted(argv[1] for argv, _t in run.calls if not argv[1].startswith("--query-gpu")) == ["-q", "nvlink"]
+    backend.close()
+
+
+def test_a_lost_gpu_only_q_names_is_added_by_complete():
+    lost_line = f"Unable to determine the device handle for GPU{BUS_IDS[7][4:]}: Unknown Error\n"
+    run = ScriptedRunner(
+        [("-q", (15, lost_line, "")), ("--query-gpu", (0, _rows(range(7)), "")), ("nvlink", (0, "", ""))]
+    )
+    backend = smi.SmiBackend(run)
+    backend.open()
+    gpus = backend.inventory()
+    assert len(gpus) == 7
+    (added,) = backend.complete(gpus)
+    assert added == {"index": 7, "pci_bus_id": BUS_IDS[7], "lost": True, "nvlinks": []}
+    assert gpus[-1] is added and backend.lost_indexes() == [7]
+
+
+def test_q_failing_after_the_open_query_is_a_part_way_error():
+    run = ScriptedRunner([("-q", (9, "NVIDIA-SMI has failed because it couldn't communicate\n", "")),
+                          ("--query-gpu", (0, _rows(range(8)), ""))])  # fmt: skip
+    backend = smi.SmiBackend(run)
+    backend.open()
+    gpus = backend.inventory()
+    with pytest.raises(smi.SmiError, match="couldn't communicate"):
+        backend.complete(gpus)
 
 
 def test_nvlink_status_in_the_real_tools_shapes():

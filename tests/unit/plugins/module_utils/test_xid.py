@@ -286,6 +286,22 @@ def test_folding_counts_every_event_and_keeps_the_newest_time():
     assert (group["count"], group["first_uptime_s"], group["last_uptime_s"]) == (600, 1.0, 600.0)
 
 
+def test_a_flood_keeps_the_newest_time_whichever_way_its_events_were_folded():
+    """Folded lines are split only once they stay the newest; an Xid inside a bus block takes the block's time."""
+    xid = "NVRM: Xid (PCI:0000:18:00): 13, pid={}, name=python, fault"
+    lines = [
+        "[ 1.0] " + xid.format(1),
+        "[ 2.0] " + xid.format(2),  # folded: its time is read only if nothing newer follows
+        "[ 3.0] NVRM: The NVIDIA GPU 0000:18:00 (PCI ID: 10de:2330)",
+        "    " + xid.format(4),  # folded with the block's time, 3.0, which replaces 2.0
+    ]
+    (event,) = _xid.parse_kernel_log(lines, max_per_key=1)
+    assert (event["count"], event["last_uptime_s"]) == (3, 3.0)
+    (event,) = _xid.parse_kernel_log([*lines, "[ 5.0] " + xid.format(5)], max_per_key=1)
+    assert (event["count"], event["last_uptime_s"]) == (4, 5.0)
+    assert event["uptime_s"] == 1.0 and event["pid"] == 1
+
+
 # --- findings -------------------------------------------------------------------------------------------------------
 BUS_IDS = {0: "00000000:18:00.0", 1: "00000000:38:00.0"}
 
