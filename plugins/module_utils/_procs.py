@@ -2,19 +2,24 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Read the box for vram_zombies: the process table with NVIDIA device holders, and reaping.
 
-psutil gives identity (create time, command line, owner) and PID-reuse-safe signalling; the device
-holders come from ``/proc/<pid>/fd`` directly because psutil's ``open_files()`` lists regular files
-only, and real ``/dev/nvidia*`` nodes are character devices.
+The scan is cheap because most processes hold no device. Every process costs one listing of ``/proc/<pid>/fd``
+(a ``readlink`` per descriptor) and one read of ``/proc/<pid>/stat``: its place in the tree (parent, process
+group, session), liveness and start time. Only holders get their full identity (command line, owner, long
+name); other processes' command lines are read only where a decision can name them (``with_commands``). Every
+field is read the way psutil reads it (start time, command line splitting, name), so the identity seen here
+matches the one psutil checks before signalling. Device holders come from ``/proc/<pid>/fd`` because
+psutil's ``open_files()`` lists regular files only, and real ``/dev/nvidia*`` nodes are character devices.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
 import time
 import traceback
-from typing import Any, Dict, List, Optional, Pattern, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Pattern, Sequence, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree import Proc, same_process
 
@@ -31,64 +36,158 @@ DEVICE_PATTERN = re.compile(r"^/dev/nvidia(?:[0-9]+|ctl|-uvm.*)$")
 PF_KTHREAD = 0x00200000
 KILL_WAIT_S = 5.0
 POLL_S = 0.1
+_GONE = (FileNotFoundError, ProcessLookupError)  # the process exited while we looked
 
 
-def _stat_fields(pid: int) -> Tuple[int, int, int]:
-    """(pgid, sid, flags) from /proc/<pid>/stat; the command name may hold spaces, so split after its ')'."""
-    with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as handle:
-        rest = handle.read().rsplit(")", 1)[1].split()
-    return int(rest[2]), int(rest[3]), int(rest[6])
+class _Stat(NamedTuple):
+    comm: str
+    state: str
+    ppid: int
+    pgid: int
+    sid: int
+    flags: int
+    start_ticks: int  # clock ticks after boot
+
+
+def _stat_fields(pid: int) -> _Stat:
+    """``/proc/<pid>/stat``, one read; the command name may hold spaces and ')', so split after the last ')'."""
+    handle = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    try:
+        data = os.read(handle, 4096)
+    finally:
+        os.close(handle)
+    close = data.rindex(b")")
+    rest = data[close + 2 :].split(b" ", 20)  # up to starttime, the 22nd field
+    comm = data[data.index(b"(") + 1 : close].decode("utf-8", errors="replace")
+    return _Stat(comm, rest[0].decode(), int(rest[1]), int(rest[2]), int(rest[3]), int(rest[6]), int(rest[19]))
 
 
 def _held_devices(pid: int, pattern: Pattern[str]) -> Tuple[str, ...]:
-    held = set()
-    fd_dir = f"/proc/{pid}/fd"
-    for entry in os.listdir(fd_dir):
-        try:
-            target = os.readlink(os.path.join(fd_dir, entry))
-        except OSError:  # the descriptor closed while we looked
-            continue
-        if pattern.match(target):
-            held.add(target)
-    return tuple(sorted(held))
+    """The device nodes ``pid`` holds open. Raises FileNotFoundError / ProcessLookupError when it is gone and
+    PermissionError when its descriptors cannot be read."""
+    fd_dir = os.open(f"/proc/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        held = set()
+        with os.scandir(fd_dir) as entries:
+            for entry in entries:
+                try:  # relative to the open directory: no path walk per descriptor
+                    target = os.readlink(entry.name, dir_fd=fd_dir)
+                except OSError:  # the descriptor closed while we looked
+                    continue
+                if pattern.match(target):
+                    held.add(target)
+        return tuple(sorted(held))
+    finally:
+        os.close(fd_dir)
+
+
+def _real_uid(pid: int) -> int:
+    """The real uid, as psutil's ``uids().real``."""
+    with open(f"/proc/{pid}/status", "rb") as handle:
+        for line in handle:
+            if line.startswith(b"Uid:"):
+                return int(line.split()[1])
+    raise PermissionError(f"/proc/{pid}/status has no Uid line")  # counted as unreadable, like a hidden process
+
+
+def _long_name(comm: str, cmdline: Tuple[str, ...]) -> str:
+    """psutil's name(): the kernel truncates comm to 15 characters, so extend it from argv[0] when that fits."""
+    if len(comm) >= 15 and cmdline:
+        extended = os.path.basename(cmdline[0])
+        if extended.startswith(comm):
+            return extended
+    return comm
+
+
+def _proc_of(pid: int, devices: Tuple[str, ...], boot_time: float, ticks: int) -> Proc:
+    """One stat read for every process; the full identity (command line, owner, long name) for holders only.
+
+    Others keep an empty command line (``with_commands`` reads it where a decision can name them) and no owner
+    (None): only holders are judged. The start time is psutil's formula, so both agree to the last bit.
+    """
+    stat = _stat_fields(pid)
+    cmdline: Tuple[str, ...] = ()
+    uid: Optional[int] = None
+    if devices:
+        cmdline, uid = read_cmdline(pid), _real_uid(pid)
+    return Proc(
+        pid=pid,
+        ppid=stat.ppid,
+        pgid=stat.pgid,
+        sid=stat.sid,
+        uid=uid,
+        name=_long_name(stat.comm, cmdline),
+        cmdline=cmdline,
+        create_time=stat.start_ticks / ticks + boot_time,
+        kernel_thread=bool(stat.flags & PF_KTHREAD),
+        defunct=stat.state == "Z",
+        devices=devices,
+    )
+
+
+def _pids() -> List[int]:
+    with os.scandir("/proc") as entries:
+        return [int(entry.name) for entry in entries if entry.name.isdigit()]
 
 
 def read_process_table(device_pattern: Optional[Pattern[str]] = None) -> Tuple[Dict[int, Proc], Dict[str, int]]:
     """Every process of this PID namespace with the NVIDIA device nodes it holds, and scan statistics.
 
-    Processes that exit during the scan are skipped; processes whose descriptors cannot be read are
-    kept (without devices) and counted in ``fd_unreadable``.
+    Processes that exit during the scan are skipped (``vanished``); processes whose descriptors cannot be read
+    are kept (without devices) and counted in ``fd_unreadable``, as are processes whose stat cannot be read
+    (skipped). Holders carry their full identity; the others an empty command line (see ``with_commands``).
+    No file of a process is read twice.
     """
     pattern = device_pattern or DEVICE_PATTERN
+    boot_time, ticks = psutil.boot_time(), os.sysconf("SC_CLK_TCK")
     table: Dict[int, Proc] = {}
     stats = {"processes": 0, "vanished": 0, "fd_unreadable": 0}
-    for handle in psutil.process_iter():
+    for pid in _pids():
+        unreadable = False
         try:
-            with handle.oneshot():
-                pid = handle.pid
-                pgid, sid, flags = _stat_fields(pid)
-                info = {
-                    "ppid": handle.ppid(),
-                    "name": handle.name(),
-                    "cmdline": tuple(handle.cmdline()),
-                    "create_time": handle.create_time(),
-                    "uid": handle.uids().real,
-                    "defunct": handle.status() == psutil.STATUS_ZOMBIE,
-                }
-            try:
-                devices = _held_devices(pid, pattern)
-            except PermissionError:
-                devices = ()
-                stats["fd_unreadable"] += 1
-        except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
+            devices = _held_devices(pid, pattern)
+        except PermissionError:
+            devices, unreadable = (), True
+        except _GONE:
             stats["vanished"] += 1
             continue
-        except (psutil.AccessDenied, PermissionError):
-            stats["fd_unreadable"] += 1
-            continue
-        table[pid] = Proc(pid=pid, pgid=pgid, sid=sid, kernel_thread=bool(flags & PF_KTHREAD), devices=devices, **info)
-        stats["processes"] += 1
+        try:
+            table[pid] = _proc_of(pid, devices, boot_time, ticks)
+            stats["processes"] += 1
+        except _GONE:
+            stats["vanished"] += 1
+        except PermissionError:
+            unreadable = True
+        stats["fd_unreadable"] += unreadable
     return table, stats
+
+
+def read_cmdline(pid: int) -> Tuple[str, ...]:
+    """``/proc/<pid>/cmdline`` split as psutil splits it (a process that rewrote its title may use spaces)."""
+    with open(f"/proc/{pid}/cmdline", encoding="utf-8", errors="surrogateescape") as handle:
+        data = handle.read()
+    if not data:
+        return ()
+    sep = "\x00" if data.endswith("\x00") else " "
+    data = data[:-1] if data.endswith(sep) else data
+    parts = data.split(sep)
+    if sep == "\x00" and len(parts) == 1 and " " in data:
+        parts = data.split(" ")
+    return tuple(parts)
+
+
+def with_commands(table: Dict[int, Proc], pids: Iterable[int]) -> Dict[int, Proc]:
+    """``table`` with the command lines of ``pids`` read (those without one yet); a vanished process keeps ()."""
+    for pid in pids:
+        proc = table.get(pid)
+        if proc is None or proc.cmdline or proc.kernel_thread:
+            continue
+        try:
+            cmdline = read_cmdline(pid)
+            table[pid] = dataclasses.replace(proc, cmdline=cmdline, name=_long_name(proc.name, cmdline))
+        except OSError:  # gone or unreadable: its command stays unknown
+            continue
+    return table
 
 
 def _same_process(proc: Proc) -> Any:

@@ -20,13 +20,16 @@ CREATE_TIME_TOLERANCE_S = 0.01  # psutil derives create time from boot time and 
 
 @dataclass(frozen=True)
 class Proc:
-    """One process as seen in this PID namespace; ``devices`` are the NVIDIA device nodes it holds open."""
+    """One process as seen in this PID namespace; ``devices`` are the NVIDIA device nodes it holds open.
+
+    ``uid`` is None and ``cmdline`` empty where the reader did not need them (``_procs`` reads them for holders).
+    """
 
     pid: int
     ppid: int
     pgid: int
     sid: int
-    uid: int
+    uid: Optional[int]
     name: str
     cmdline: Tuple[str, ...]
     create_time: float

@@ -164,6 +164,25 @@ def _spared(proc: Proc, held: List[int], gpus: Sequence[Gpu], policy: Policy) ->
     return None
 
 
+def commands_needed(
+    holders: Sequence[Proc], table: Dict[int, Proc], subreaper_patterns: Sequence[Pattern[str]]
+) -> Set[int]:
+    """The processes whose command lines ``decide`` may read (to match a pattern or name a live process).
+
+    Every process when subreaper patterns are set (any process may match one); else the holders, their
+    ancestors and the members of their process groups and sessions. The rest of the table is read for its
+    tree and liveness only, which keeps the scan cheap on a box with thousands of unrelated processes.
+    """
+    if subreaper_patterns:
+        return set(table)
+    groups, sessions = {proc.pgid for proc in holders}, {proc.sid for proc in holders}
+    needed = {pid for pid, proc in table.items() if proc.pgid in groups or proc.sid in sessions}
+    for proc in holders:
+        needed.add(proc.pid)
+        needed.update(ancestors(table, proc.pid))
+    return needed
+
+
 def decide(
     holders: Sequence[Proc], table: Dict[int, Proc], runs: Sequence[Run], gpus: Sequence[Gpu], policy: Policy
 ) -> List[Verdict]:

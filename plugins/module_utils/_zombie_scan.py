@@ -5,16 +5,22 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import asdict
-from typing import Any, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _procs
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_nvml import read_gpu_view
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree import Proc, run_is_live, same_process
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import Run, read_run_registry
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._vram_zombies import Policy, Verdict, decide
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._vram_zombies import (
+    Policy,
+    Verdict,
+    commands_needed,
+    decide,
+)
 
 try:
     import pynvml
@@ -94,11 +100,18 @@ def _report(
     scan: Dict[str, int],
     gpus: Any,
     nvml_error: Any,
+    observation: Dict[str, Any],
 ) -> Dict[str, Any]:
     """The result of a report-only pass: every holder's verdict, NVML's view and the run registry as read."""
     entries = [_holder_entry(verdict, now) for verdict in verdicts]
     candidates = [entry for entry in entries if entry["candidate"]]
+    if observation["skipped"]:
+        window = f"no NVML observation window ({observation['skipped']})"
+    else:
+        window = f"GPU utilization sampled for {observation['window_s']:g}s"
     return {
+        "msg": f"{len(entries)} holder(s), {len(candidates)} candidate(s); {window}",
+        "observation": observation,
         "changed": False,
         "holders": entries,
         "candidates": candidates,
@@ -168,17 +181,72 @@ def _zombie_findings(result: Dict[str, Any]) -> List[Dict[str, Any]]:
     ]
 
 
+def _observation(params: Dict[str, Any], unobserved: List[Verdict]) -> Dict[str, Any]:
+    """How long to sample GPU utilization: the window only matters when a holder could be a candidate.
+
+    ``unobserved`` were decided without utilization samples. Samples can only spare holders (a busy GPU) or
+    add ``gpu_idle`` to a conviction, never make a candidate, so without a candidate here the window would
+    change no decision: it is skipped, the normal case before a launch (no holder at all).
+    """
+    requested = params["observe_s"]
+    skipped = None
+    if requested <= 0:
+        skipped = "observe_s is 0"
+    elif not any(verdict.candidate for verdict in unobserved):
+        skipped = "no holder could be a candidate, so GPU utilization could change no decision"
+    return {"requested_s": requested, "window_s": 0.0 if skipped else requested, "skipped": skipped}
+
+
+class _Background:
+    """``action`` in a thread, so NVML's start (library load, driver handshake) overlaps the /proc scan."""
+
+    def __init__(self, action: Callable[[], Any]) -> None:
+        self._outcome: Dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._run, args=(action,), daemon=True)
+        self._thread.start()
+
+    def _run(self, action: Callable[[], Any]) -> None:
+        try:
+            self._outcome["value"] = action()
+        except BaseException as exc:  # re-raised in the caller's thread by result()
+            self._outcome["error"] = exc
+
+    def result(self) -> Any:
+        self._thread.join()
+        if "error" in self._outcome:
+            raise self._outcome["error"]
+        return self._outcome["value"]
+
+
 def scan_and_reap(
     params: Dict[str, Any], patterns: List[Any], check_mode: bool, subreapers: Sequence[Any] = ()
 ) -> Dict[str, Any]:
-    table, scan = _procs.read_process_table()
+    # The registry is read in a forked child: fork before any thread runs.
     runs, problems = read_run_registry(params["data_dir"])
-    gpus, nvml_error = read_gpu_view(pynvml, params["observe_s"], _procs.psutil.pid_exists)
+    snapshot = _Background(lambda: read_gpu_view(pynvml, 0, _procs.psutil.pid_exists))
+    table, scan = _procs.read_process_table()
+    holders = [proc for _pid, proc in sorted(table.items()) if proc.devices]
+    table = _procs.with_commands(table, commands_needed(holders, table, subreapers))
+    holders = [table[proc.pid] for proc in holders]
+    gpus, nvml_error = snapshot.result()
     now = time.time()
-    holders = sorted((proc for proc in table.values() if proc.devices), key=lambda p: p.pid)
+    # Decided first on NVML's view without utilization samples: whether any holder could be a candidate at all.
     verdicts = decide(holders, table, runs, gpus or [], _policy(params, patterns, subreapers, now))
+    observation = _observation(params, verdicts)
+    if observation["window_s"]:
+        gpus, nvml_error = read_gpu_view(pynvml, observation["window_s"], _procs.psutil.pid_exists)
+        now = time.time()  # ages count to the end of the window, as the decision is made then
+        verdicts = decide(holders, table, runs, gpus or [], _policy(params, patterns, subreapers, now))
     result = _report(
-        verdicts, now, table=table, runs=runs, problems=problems, scan=scan, gpus=gpus, nvml_error=nvml_error
+        verdicts,
+        now,
+        table=table,
+        runs=runs,
+        problems=problems,
+        scan=scan,
+        gpus=gpus,
+        nvml_error=nvml_error,
+        observation=observation,
     )
     victims = {verdict.proc.pid: verdict.proc for verdict in verdicts if verdict.candidate}
     if params["kill"] and victims:

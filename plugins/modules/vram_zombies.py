@@ -77,6 +77,10 @@ options:
   observe_s:
     description:
       - Seconds to sample GPU utilization through NVML before deciding, between 0 and 600; V(0) skips the observation.
+      - The window is only taken when some holder could be a candidate. Utilization can only spare a holder (a busy
+        GPU) or add C(gpu_idle) to a conviction, never make one, so with no holder at all (the normal case before a
+        launch), or none that could be a candidate, the module does not sample and says so in RV(observation) and
+        RV(msg).
     type: float
     default: 2
   idle_util_pct:
@@ -151,6 +155,17 @@ status:
     - C(clean) says nothing about the registry; check RV(registry_problems).
   returned: always
   type: str
+msg:
+  description: One line, for example C(3 holder(s), 2 candidate(s); GPU utilization sampled for 2s), or naming why no
+    NVML observation window was taken.
+  returned: always
+  type: str
+observation:
+  description: The NVML utilization window, C(requested_s) (O(observe_s)), C(window_s) (seconds actually sampled,
+    0 when skipped) and C(skipped) (why it was not taken - O(observe_s) is 0, or no holder could be a candidate - or
+    null).
+  returned: always
+  type: dict
 holders:
   description: Every process holding an NVIDIA device node.
   returned: always
@@ -231,7 +246,10 @@ registry_problems:
   type: list
   elements: str
 scan:
-  description: Scan counts, C(processes), C(vanished) (exited during the scan), C(fd_unreadable).
+  description: Scan counts, C(processes), C(vanished) (exited during the scan), C(fd_unreadable) (descriptors or
+    identity unreadable). Every process costs one C(/proc/PID/fd) listing and one C(/proc/PID/stat) read; command
+    lines and owners are read for holders and the processes a decision can name (their ancestors, process groups
+    and sessions; every process when O(subreaper_patterns) is set).
   returned: always
   type: dict
 findings:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 
 import harness
+import psutil
 import pytest
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _procs, _zombie_scan
@@ -44,9 +46,10 @@ def test_read_process_table_finds_holders_with_identity(device, tmp_path):
 
 
 def test_unreadable_and_vanishing_processes_are_counted_not_fatal(device, tmp_path, monkeypatch):
-    job = harness.start_job(tmp_path / "job.json", device, "--workers", "2")
-    locked, gone = job["workers"]
-    real_held, real_stat = _procs._held_devices, _procs._stat_fields
+    job = harness.start_job(tmp_path / "job.json", device, "--workers", "3")
+    locked, gone, hidden = job["workers"]
+    launcher = job["launcher"]
+    real_held, real_stat, real_uid = _procs._held_devices, _procs._stat_fields, _procs._real_uid
 
     def held(pid, pattern):
         if pid == locked:
@@ -54,17 +57,97 @@ def test_unreadable_and_vanishing_processes_are_counted_not_fatal(device, tmp_pa
         return real_held(pid, pattern)
 
     def stat(pid):
-        if pid == gone:
+        if pid == launcher:  # exits between its fd listing and its stat
             raise FileNotFoundError(2, "No such file")
         return real_stat(pid)
 
+    def uid(pid):
+        if pid == gone:  # a holder that exits before its identity is read
+            raise ProcessLookupError(3, "No such process")
+        if pid == hidden:  # its identity cannot be read (hidepid)
+            raise PermissionError(13, "Permission denied")
+        return real_uid(pid)
+
     monkeypatch.setattr(_procs, "_held_devices", held)
     monkeypatch.setattr(_procs, "_stat_fields", stat)
+    monkeypatch.setattr(_procs, "_real_uid", uid)
     table, stats = _procs.read_process_table()
-    assert stats["fd_unreadable"] == 1
-    assert stats["vanished"] >= 1  # other processes on the machine may exit during the scan too
+    assert stats["fd_unreadable"] == 2
+    assert stats["vanished"] >= 2  # other processes on the machine may exit during the scan too
     assert table[locked].devices == ()
-    assert gone not in table
+    assert gone not in table and launcher not in table and hidden not in table
+    assert stats["processes"] == len(table)
+
+
+def test_a_process_exiting_mid_listing_is_vanished_not_fatal(monkeypatch):
+    def listing_fails(path):
+        if isinstance(path, int):  # a /proc/<pid>/fd listing, not /proc's own
+            raise ProcessLookupError(3, "No such process")
+        return real_scandir(path)
+
+    real_scandir = _procs.os.scandir
+
+    monkeypatch.setattr(_procs.os, "scandir", listing_fails)
+    table, stats = _procs.read_process_table()
+    assert table == {} and stats["processes"] == 0 and stats["vanished"] > 0
+
+
+def test_only_holders_get_their_full_identity_and_no_file_is_read_twice(device, tmp_path, monkeypatch):
+    job = harness.start_job(tmp_path / "job.json", device, "--workers", "2", "--dataloaders")
+    reads = {"stat": [], "cmdline": [], "uid": []}
+
+    def counted(kind, real):
+        def read(pid):
+            reads[kind].append(pid)
+            return real(pid)
+
+        return read
+
+    monkeypatch.setattr(_procs, "_stat_fields", counted("stat", _procs._stat_fields))
+    monkeypatch.setattr(_procs, "read_cmdline", counted("cmdline", _procs.read_cmdline))
+    monkeypatch.setattr(_procs, "_real_uid", counted("uid", _procs._real_uid))
+    monkeypatch.setattr(psutil, "Process", None)  # psutil's per-process objects are not used to scan
+    table, _stats = _procs.read_process_table()
+    holders = sorted(pid for pid, proc in table.items() if proc.devices)
+    assert holders == job["holders"]
+    assert sorted(reads["cmdline"]) == holders and sorted(reads["uid"]) == holders
+    assert len(reads["stat"]) == len(set(reads["stat"])) and set(table) <= set(reads["stat"])
+    assert all(proc.cmdline == () and proc.uid is None for proc in table.values() if not proc.devices)
+
+
+def test_holders_identity_is_psutils(device, tmp_path):
+    job = harness.start_job(tmp_path / "job.json", device, "--workers", "1", "--dataloaders")
+    table, _stats = _procs.read_process_table()
+    for pid in job["holders"]:
+        proc, real = table[pid], psutil.Process(pid)
+        # Exactly what reap() compares before signalling (same_process), and what the result reports.
+        assert (proc.create_time, proc.cmdline) == (real.create_time(), tuple(real.cmdline()))
+        assert (proc.ppid, proc.uid, proc.name, proc.defunct) == (real.ppid(), real.uids().real, real.name(), False)
+
+
+def test_processes_without_devices_agree_with_psutil(device, tmp_path):
+    job = harness.start_job(tmp_path / "job.json", device, "--workers", "1")
+    launcher = job["launcher"]
+    table, _stats = _procs.read_process_table()
+    other, real = table[launcher], psutil.Process(launcher)
+    assert other.devices == () and other.cmdline == () and other.uid is None
+    assert other.create_time == real.create_time()  # psutil's formula: start ticks / CLK_TCK + boot time
+    assert (other.ppid, other.pgid, other.sid) == (real.ppid(), job["pgid"], job["sid"])
+    assert other.name == real.name() and other.defunct is False and other.kernel_thread is False
+    table = _procs.with_commands(table, [launcher, 999_999_999])  # a PID that is gone is left out quietly
+    assert table[launcher].cmdline == tuple(real.cmdline())
+
+
+def test_read_cmdline_splits_as_psutil_does():
+    code = "import time; print('ok', flush=True); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code, "a b", ""], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert child.stdout.readline() == b"ok\n"
+        assert _procs.read_cmdline(child.pid) == tuple(psutil.Process(child.pid).cmdline())
+        assert _procs.read_cmdline(child.pid)[-2:] == ("a b", "")
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_stat_fields_survive_a_command_name_with_parentheses():
@@ -72,9 +155,9 @@ def test_stat_fields_survive_a_command_name_with_parentheses():
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
     try:
         assert child.stdout.readline() == b"ok\n"
-        pgid, sid, flags = _procs._stat_fields(child.pid)
-        assert (pgid, sid) == (child.pid, child.pid)
-        assert not flags & _procs.PF_KTHREAD
+        stat = _procs._stat_fields(child.pid)
+        assert (stat.comm, stat.pgid, stat.sid, stat.ppid) == ("a) b (c", child.pid, child.pid, os.getpid())
+        assert stat.state in "RS" and not stat.flags & _procs.PF_KTHREAD
     finally:
         child.kill()
         child.wait()

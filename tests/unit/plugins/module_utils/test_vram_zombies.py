@@ -11,6 +11,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import Ru
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._vram_zombies import (
     Policy,
     Verdict,
+    commands_needed,
     decide,
     gpus_of,
 )
@@ -325,3 +326,42 @@ def test_unreadable_ancestor_protects():
     verdicts = judge(table_of(BASE, [lost]), runs=[Run(name="old", path="x", pgid=898)])
     assert candidates(verdicts) == []
     assert verdicts[900].reason == "its ancestor 899 is not in the process table: it may be alive"
+
+
+def _strip_commands(table: Dict[int, Proc], keep: set) -> Dict[int, Proc]:
+    """The table as the cheap scan leaves it: command lines and owners only where ``keep`` says."""
+    return {
+        pid: p if pid in keep or p.devices else Proc(**dict(vars(p), cmdline=(), uid=None)) for pid, p in table.items()
+    }
+
+
+def test_the_commands_decide_reads_are_those_commands_needed_names():
+    unrelated = [proc(700 + n, 1, 700 + n, 700 + n, devices=(), cmd=f"sleep {n}") for n in range(20)]
+    launcher = proc(100, 1, 100, 100, devices=(), cmd="torchrun train.py")
+    helper = proc(150, 1, 200, 200, devices=(), cmd="tail -f log")  # in the live run's group, not an ancestor
+    cases = [
+        (table_of(BASE, CRASHED, LIVE, unrelated), {}),
+        (table_of(BASE, CRASHED, [launcher], unrelated), {}),
+        (table_of(BASE, LIVE, [helper], unrelated), {"protect_patterns": [re.compile("run_queue")]}),
+        (table_of(BASE, CRASHED, LIVE, unrelated), {"subreaper_patterns": [re.compile("^sleep 3$")]}),
+    ]
+    for table, overrides in cases:
+        holders = [p for p in table.values() if p.devices]
+        needed = commands_needed(holders, table, overrides.get("subreaper_patterns", ()))
+        full = judge(table, **overrides)
+        cheap = judge(_strip_commands(table, needed), **overrides)
+        assert [(v.proc.pid, v.protected_by, v.rules, v.reason) for v in full.values()] == [
+            (v.proc.pid, v.protected_by, v.rules, v.reason) for v in cheap.values()
+        ]
+        if not overrides.get("subreaper_patterns"):
+            assert not needed & {p.pid for p in unrelated}
+    assert commands_needed([], table_of(BASE, unrelated), [re.compile("x")]) == set(table_of(BASE, unrelated))
+
+
+def test_commands_needed_names_holders_ancestors_and_their_groups_and_sessions():
+    helper = proc(150, 1, 200, 210, devices=(), cmd="tail -f log")  # the live run's process group only
+    peer = proc(160, 1, 220, 200, devices=(), cmd="tee out")  # the live run's session only
+    stranger = proc(170, 1, 170, 170, devices=(), cmd="sleep 9")
+    table = table_of(BASE, LIVE, [helper, peer, stranger])
+    holders = [p for p in table.values() if p.devices]
+    assert commands_needed(holders, table, ()) == {1, 10, 11, 12, 150, 160, 200, 201, 202}

@@ -208,6 +208,8 @@ def test_live_jobs_without_a_live_group_leader_survive_a_kill(shell_jobs, run_mo
         assert not any(holders[pid]["candidate"] for pid in job["holders"])
     assert holders[nohup["workers"][0]]["reason"].startswith(f"its ancestor {nohup['launcher']} (")
     assert holders[setsid["workers"][0]]["reason"].startswith(f"its ancestor {setsid['launcher']} (")
+    # The launchers hold no device: their command lines are read because a decision names them.
+    assert "fake_job.py launch" in holders[nohup["workers"][0]]["reason"]
 
 
 def test_every_candidate_skipped_is_not_reaped(box, run_module, monkeypatch):
