@@ -2,7 +2,9 @@
 
 Each step is a real ansible-playbook run over SSH against the simulated fleet (tests/fleet). The fleet is torn down
 whatever happens; the reports stay under --reports. The demo checks its own outcome: each box's verdict in the
-preflight report must be the one its scenario was written for, else it names what differed and exits 1.
+preflight report must be the one its scenario was written for; then a short run (tests/demo_sweep.yml) launched
+on the healthy box must finish on its own, every cell succeeded and its durable copy verified, and the copy's
+files must match MANIFEST.sha256 when hashed again. Else it names what differed and exits 1.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -36,6 +39,10 @@ DEMO_BOXES = {
     "box-container": DemoBox("container-no-dmesg-orphan-vram.yml", "WARN"),
 }
 PREFLIGHT_EXIT = 2  # preflight's "a host FAILed": box-xid79 has a dead GPU by design
+LAUNCH_BOX = "box-healthy"
+DEMO_RUN = "demo"  # launch_run in tests/demo_sweep.yml
+DATA_DIR, DURABLE_DIR = "/data", "/durable"  # what the fleet's inventory gives every box
+RUN_WAIT_S = 120
 
 
 def run_playbook(playbook: str, inventory: Path, reports: Path) -> int:
@@ -49,6 +56,80 @@ def run_playbook(playbook: str, inventory: Path, reports: Path) -> int:
     ]
     print(f"\n$ ansible-playbook -i {inventory.name} playbooks/{playbook}", flush=True)
     return subprocess.run(argv, cwd=REPO, check=False).returncode
+
+
+def launch(inventory: Path, reports: Path) -> int:
+    argv = [
+        str(Path(sys.executable).parent / "ansible-playbook"),
+        "-i",
+        str(inventory),
+        str(REPO / "playbooks" / "launch.yml"),
+        "-e",
+        f"@{REPO / 'tests' / 'demo_sweep.yml'}",
+        "-e",
+        f"launch_hosts={LAUNCH_BOX}",
+        "-e",
+        f"launch_code_dir={REPO / 'tests' / 'workload'}",
+        "-e",
+        f"launch_report_dir={reports}",
+        "-e",
+        f"launch_preflight_report_dir={reports}",
+    ]
+    print(f"\n$ ansible-playbook -i {inventory.name} playbooks/launch.yml -e @tests/demo_sweep.yml", flush=True)
+    return subprocess.run(argv, cwd=REPO, check=False).returncode
+
+
+# Run in the box: each cell's result, and every MANIFEST.sha256 line checked against the durable file hashed now.
+RUN_CHECK = """
+import hashlib, json, os, sys
+run, durable = sys.argv[1], sys.argv[2]
+cells = {}
+for cell in sorted(os.listdir(os.path.join(run, "cells"))):
+    with open(os.path.join(run, "cells", cell, "result.json")) as handle:
+        result = json.load(handle)
+    cells[cell] = {"status": result["status"], "sync": result["sync"]}
+checked = []
+with open(os.path.join(durable, "MANIFEST.sha256")) as manifest:
+    for line in manifest:
+        digest, size, path = line.split(None, 2)
+        with open(os.path.join(durable, path.strip()), "rb") as handle:
+            data = handle.read()
+        checked.append({"path": path.strip(), "size": int(size), "same": hashlib.sha256(data).hexdigest() == digest
+                        and len(data) == int(size)})
+print(json.dumps({"done": os.path.exists(os.path.join(run, "DONE")), "cells": cells, "manifest": checked}))
+"""
+
+
+def wait_for_run(fleet: Fleet) -> dict[str, Any] | None:
+    """The demo run's outcome once its DONE marker or every cell's result is there, None when it never ends."""
+    run_dir, durable = f"{DATA_DIR}/runs/{DEMO_RUN}", f"{DURABLE_DIR}/runs/{DEMO_RUN}"
+    print(f"\nwaiting for {LAUNCH_BOX} to finish run {DEMO_RUN} on its own (no controller attached)", flush=True)
+    deadline = time.monotonic() + RUN_WAIT_S
+    while time.monotonic() < deadline:
+        if fleet.ssh(LAUNCH_BOX, ["test", "-e", f"{run_dir}/DONE"]).returncode == 0:
+            # The remote shell parses what ssh sends: one quoted string, not an argv.
+            done = fleet.ssh(LAUNCH_BOX, shlex.join(["/usr/bin/python3", "-c", RUN_CHECK, run_dir, durable]))
+            return json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr.strip()}
+        time.sleep(2)
+    return None
+
+
+def run_differences(outcome: dict[str, Any] | None) -> list[str]:
+    if outcome is None:
+        return [f"launch: run {DEMO_RUN} did not finish within {RUN_WAIT_S} s"]
+    if "error" in outcome:
+        return [f"launch: the run's files could not be read: {outcome['error']}"]
+    for cell, result in outcome["cells"].items():
+        print(f"  {LAUNCH_BOX} {DEMO_RUN}/{cell}: {result['status']}, sync {result['sync']}")
+    for entry in outcome["manifest"]:
+        print(f"  durable {entry['path']}: {entry['size']} bytes, sha256 {'matches' if entry['same'] else 'DIFFERS'}")
+    differences = [f"launch: cell {cell} {r['status']}, sync {r['sync']}" for cell, r in outcome["cells"].items()
+                   if (r["status"], r["sync"]) != ("succeeded", "verified")]  # fmt: skip
+    differences += [f"launch: durable {e['path']} does not match MANIFEST.sha256" for e in outcome["manifest"]
+                    if not e["same"]]  # fmt: skip
+    if len(outcome["manifest"]) != len(outcome["cells"]):
+        differences.append(f"launch: {len(outcome['manifest'])} files in MANIFEST.sha256, one per cell expected")
+    return differences
 
 
 def ping(inventory: Path) -> int:
@@ -101,6 +182,8 @@ def main() -> int:
         fleet.up(scenarios, names=list(DEMO_BOXES))
         results = {"ping": ping(fleet.inventory_path)}
         results["preflight"] = run_playbook("preflight.yml", fleet.inventory_path, args.reports)
+        results["launch"] = launch(fleet.inventory_path, args.reports)
+        run_outcome = wait_for_run(fleet) if results["launch"] == 0 else None
     finally:
         print("\ntearing the fleet down", flush=True)
         fleet.down()
@@ -113,13 +196,17 @@ def main() -> int:
         differences.append(f"ping: expected exit 0, got {results['ping']}")
     if results["preflight"] != PREFLIGHT_EXIT:
         differences.append(f"preflight: expected exit {PREFLIGHT_EXIT}, got {results['preflight']}")
+    if results.get("launch") != 0:
+        differences.append(f"launch: expected exit 0, got {results.get('launch')}")
+    else:
+        differences += run_differences(run_outcome)
     if differences:
         print("\nDEMO FAILED: the outcome is not the one the demo boxes were written for:")
         for line in differences:
             print(f"  {line}")
         return 1
     expected = ", ".join(f"{name} {box.status}" for name, box in DEMO_BOXES.items())
-    print(f"every box got its expected verdict: {expected}")
+    print(f"every box got its expected verdict: {expected}; run {DEMO_RUN} finished on {LAUNCH_BOX}, copy verified")
     return 0
 
 

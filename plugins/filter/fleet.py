@@ -7,7 +7,7 @@ Documented per filter in the YAML files next to this one (``ansible-doc -t filte
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Mapping
+from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
 
 from ansible.errors import AnsibleFilterError
 
@@ -45,20 +45,65 @@ def unreachable_result(host: str, reason: str = "host unreachable") -> Dict[str,
     return {"host": host, "reachable": False, "status": UNREACHABLE, "error": reason, "findings": []}
 
 
-def fleet_results(hostnames: Iterable[str], hostvars: Mapping[str, Any], key: str = "preflight_result") -> List[Any]:
-    """Every host's result in ``hostvars``; a host without one never answered (or stopped before its checks)."""
-    results = []
-    for host in hostnames:
-        host_vars = hostvars.get(host, {})
-        if key in host_vars:
-            results.append(host_vars[key])
-        else:
-            results.append(unreachable_result(host, "unreachable, or stopped before its checks ran"))
-    return results
+def fleet_results(
+    hostnames: Iterable[str],
+    hostvars: Mapping[str, Any],
+    key: str = "preflight_result",
+    reason: str = "unreachable, or stopped before its checks ran",
+) -> List[Any]:
+    """Every host's result in ``hostvars``; a host without one never answered (or stopped before its checks).
+
+    Such a host gets ``unreachable_result(host, reason)``. Shared by the preflight and the launch reports.
+    """
+    return [
+        hostvars.get(host, {})[key] if key in hostvars.get(host, {}) else unreachable_result(host, reason)
+        for host in hostnames
+    ]
 
 
 def _needs_new_box(result: Mapping[str, Any]) -> bool:
     return any(f.get("level") == "FAIL" and f.get("action") in RE_RENT_ACTIONS for f in result.get("findings", []))
+
+
+def _status_of(record: Mapping[str, Any], default: str) -> str:
+    return record.get("status", default) if record.get("reachable", True) else UNREACHABLE
+
+
+def tally_statuses(
+    records: Sequence[Mapping[str, Any]], statuses: Sequence[str], filter_name: str, default: str = ""
+) -> Tuple[Dict[str, int], Dict[str, List[Any]]]:
+    """Count the records per status (an unreachable one as ``UNREACHABLE``) and list each status's hosts.
+
+    A status outside ``statuses`` raises, naming ``filter_name`` and the host. Shared by the fleet summaries of
+    preflight and launch.
+    """
+    counts = dict.fromkeys(statuses, 0)
+    by_status: Dict[str, List[Any]] = {status: [] for status in statuses}
+    for record in records:
+        status = _status_of(record, default)
+        if status not in counts:
+            raise AnsibleFilterError(f"{filter_name}: host {record.get('host')!r} has unknown status {status!r}")
+        counts[status] += 1
+        by_status[status].append(record.get("host"))
+    return counts, by_status
+
+
+def summary_exit_code(counts: Mapping[str, int], failed: Sequence[str], report_error: str = "") -> int:
+    """The wrapper's exit code: report not written, else a host in a ``failed`` status, else unreachable, else 0."""
+    if report_error:
+        return EXIT_REPORT_NOT_WRITTEN
+    if any(counts.get(status) for status in failed):
+        return EXIT_FAILED
+    if counts.get(UNREACHABLE):
+        return EXIT_UNREACHABLE
+    return EXIT_OK
+
+
+def with_report_error(summary: Dict[str, Any], report_error: str) -> Dict[str, Any]:
+    """``summary`` with ``report_error`` (why the report could not be written) added when there is one."""
+    if report_error:
+        summary["report_error"] = report_error
+    return summary
 
 
 def fleet_summary(results: Iterable[Mapping[str, Any]], report_error: str = "") -> Dict[str, Any]:
@@ -67,25 +112,11 @@ def fleet_summary(results: Iterable[Mapping[str, Any]], report_error: str = "") 
     With ``report_error`` (why the report could not be written) the exit code is ``EXIT_REPORT_NOT_WRITTEN``.
     """
     results = list(results)
-    counts = dict.fromkeys(STATUSES, 0)
-    by_status: Dict[str, List[str]] = {status: [] for status in STATUSES}
-    re_rent = []
-    for result in results:
-        status = result.get("status", "PASS") if result.get("reachable", True) else UNREACHABLE
-        if status not in counts:
-            raise AnsibleFilterError(f"fleet_summary: host {result.get('host')!r} has unknown status {status!r}")
-        counts[status] += 1
-        by_status[status].append(result.get("host"))
-        if status == "FAIL" and _needs_new_box(result):
-            re_rent.append(result.get("host"))
-    if counts["FAIL"]:
-        exit_code = EXIT_FAILED
-    elif counts[UNREACHABLE]:
-        exit_code = EXIT_UNREACHABLE
-    else:
-        exit_code = EXIT_OK
-    if report_error:
-        exit_code = EXIT_REPORT_NOT_WRITTEN
+    counts, by_status = tally_statuses(results, STATUSES, "fleet_summary", default="PASS")
+    re_rent = [
+        result.get("host") for result in results if _status_of(result, "PASS") == "FAIL" and _needs_new_box(result)
+    ]
+    exit_code = summary_exit_code(counts, ("FAIL",), report_error)
     line = f"{len(results)} hosts: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s] or s != UNREACHABLE)
     if re_rent:
         line += f"; re-rent: {', '.join(re_rent)}"
@@ -105,9 +136,7 @@ def fleet_summary(results: Iterable[Mapping[str, Any]], report_error: str = "") 
         "unreachable": by_status[UNREACHABLE],
         "line": line,
     }
-    if report_error:
-        summary["report_error"] = report_error
-    return summary
+    return with_report_error(summary, report_error)
 
 
 class FilterModule:

@@ -106,17 +106,20 @@ def done_marker(data_dir: str, run: str) -> str:
     return os.path.join(run_dir(data_dir, run), "DONE")
 
 
-def write_json_atomic(path: str, data: Any) -> None:
+def write_json_atomic(path: str, data: Any, private: bool = False) -> None:
     """Write ``data`` as JSON so that readers see the old file or the whole new one, never a torn one.
 
     The temporary file sits in the target's directory (a rename is atomic only within one filesystem);
     fsyncing the file and then the directory makes the new name survive a power cut, not just a crash.
+    ``private``: mode 0600 from the first byte, whatever the umask (a secret is never readable by others).
     """
     directory = os.path.dirname(os.path.abspath(path))
     temporary = os.path.join(directory, f".{os.path.basename(path)}.{os.urandom(4).hex()}.tmp")
     # O_EXCL: never write through a file or link someone else put there; 0o666 lets the umask decide, as open() does.
-    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600 if private else 0o666)
     try:
+        if private:
+            os.fchmod(handle, 0o600)
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             json.dump(data, stream)
             stream.flush()

@@ -34,6 +34,24 @@ def test_fleet_results_fills_in_hosts_without_a_result():
     results = fleet.fleet_results(["a", "b", "c"], hostvars)
     assert results[0] == ok
     assert [(r["host"], r["status"]) for r in results[1:]] == [("b", "UNREACHABLE"), ("c", "UNREACHABLE")]
+    assert results[1]["error"] == "unreachable, or stopped before its checks ran"
+    assert fleet.fleet_results(["b"], hostvars, "other", reason="why")[0] == 2
+    assert fleet.fleet_results(["c"], hostvars, reason="why")[0]["error"] == "why"
+
+
+def test_the_shared_summary_helpers():
+    records = [{"host": "a", "status": "OK"}, {"host": "b", "reachable": False}, {"host": "c"}]
+    counts, by_status = fleet.tally_statuses(records, ("OK", "BAD", "UNREACHABLE"), "x_summary", default="OK")
+    assert counts == {"OK": 2, "BAD": 0, "UNREACHABLE": 1}
+    assert by_status == {"OK": ["a", "c"], "BAD": [], "UNREACHABLE": ["b"]}
+    with pytest.raises(AnsibleFilterError, match="x_summary: host 'c' has unknown status ''"):
+        fleet.tally_statuses(records, ("OK", "UNREACHABLE"), "x_summary")
+    assert fleet.summary_exit_code(counts, ("BAD",)) == fleet.EXIT_UNREACHABLE
+    assert fleet.summary_exit_code({**counts, "BAD": 1}, ("BAD",)) == fleet.EXIT_FAILED
+    assert fleet.summary_exit_code({"OK": 3}, ("BAD",)) == fleet.EXIT_OK
+    assert fleet.summary_exit_code({"BAD": 1}, ("BAD",), "disk full") == fleet.EXIT_REPORT_NOT_WRITTEN
+    assert fleet.with_report_error({"line": "x"}, "") == {"line": "x"}
+    assert fleet.with_report_error({"line": "x"}, "disk full") == {"line": "x", "report_error": "disk full"}
 
 
 def a_fleet():

@@ -209,3 +209,15 @@ def test_a_hung_data_dir_is_a_registry_problem_within_the_deadline(tmp_path, mon
     assert problems == [
         f"data_dir {tmp_path}: did not answer within 0.5 s (a hung mount?), so the run registry could not be read"
     ]
+
+
+def test_a_private_json_file_is_0600_whatever_the_umask(tmp_path):
+    old = os.umask(0)
+    try:
+        _runs.write_json_atomic(str(tmp_path / "secret.json"), {"K": "v"}, private=True)
+        _runs.write_json_atomic(str(tmp_path / "open.json"), {"K": "v"})
+    finally:
+        os.umask(old)
+    assert oct((tmp_path / "secret.json").stat().st_mode & 0o777) == "0o600"
+    assert oct((tmp_path / "open.json").stat().st_mode & 0o777) == "0o666"
+    assert json.loads((tmp_path / "secret.json").read_text()) == {"K": "v"}

@@ -1,0 +1,391 @@
+# Copyright (c) remote_gpu.trainer contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Run one attempt of a cell's command, the seed's ``run_one.sh`` lessons turned into guarantees.
+
+- The command is an argv (never a shell string) in its own process group inside the runner's session, so the
+  runner can signal everything it started as one unit, and patrol finds it by the run's session.
+- stdout and stderr are appended to the cell's own log (never a shared, tee'd one: a crash scan of one cell must
+  not see another's traceback), stdin is /dev/null.
+- The exit status is the command's own, from waitpid (the seed's ``| tee`` recorded tee's status); an env hook
+  or conda env goes through a fixed bash wrapper that ends in ``exec``, so the status is still the command's.
+- When the command ends (any way), what is left of its group, and any process carrying its attempt's marker in
+  its environment (a worker that called setsid), is stopped: SIGTERM, then SIGKILL after the grace period. Only
+  when none is left may its GPUs go to another cell.
+
+Pure standard library (Python 3.8+), Linux /proc.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+POLL_S = 0.05
+# Waiting for processes to go scans /proc: fast at first (most go at once), then gentler on a busy box.
+SLOW_POLL_S, FAST_POLL_FOR_S = 0.25, 1.0
+# After SIGKILL, how long to wait for the processes to go (one in uninterruptible sleep can take a while).
+KILL_WAIT_S = 10.0
+MAX_ENVIRON_BYTES = 1024 * 1024
+EXIT_NOT_STARTED = 127  # the shell's "command not found": the command never ran
+MARKER_VARIABLE = "RGT_CELL_TOKEN"
+
+# The one shell text the runner ever runs: a constant, never built from user input. Its arguments are the env hook
+# file (trusted operator input: the platform profile's, e.g. /etc/network_turbo) or "", the conda env or "", "--",
+# then the cell's argv. The argv is saved in an array before anything is sourced (a hook may shift or set -- the
+# positional parameters), and the last step is exec: the exit status recorded is the command's own.
+ENV_WRAPPER = r"""__rgt_hook=$1 __rgt_conda=$2
+shift 2
+[ "${1-}" = "--" ] && shift
+__rgt_argv=("$@")
+set --
+if [ -n "$__rgt_hook" ]; then
+  if [ ! -r "$__rgt_hook" ]; then echo "rgt: env_hook $__rgt_hook is not a readable file" >&2; exit 126; fi
+  . "$__rgt_hook" || echo "rgt: env_hook $__rgt_hook returned $?, going on" >&2
+fi
+if [ -n "$__rgt_conda" ]; then
+  for __rgt_base in "${CONDA_EXE:+${CONDA_EXE%/bin/conda}}" "$HOME/miniconda3" "$HOME/anaconda3" \
+      /root/miniconda3 /opt/conda /usr/local/miniconda3; do
+    if [ -n "$__rgt_base" ] && [ -f "$__rgt_base/etc/profile.d/conda.sh" ]; then
+      . "$__rgt_base/etc/profile.d/conda.sh"; break
+    fi
+  done
+  if ! command -v conda >/dev/null 2>&1; then
+    echo "rgt: conda not found, cannot activate $__rgt_conda" >&2; exit 126
+  fi
+  conda activate "$__rgt_conda" || { echo "rgt: conda activate $__rgt_conda did not succeed" >&2; exit 126; }
+fi
+exec "${__rgt_argv[@]}"
+"""
+
+
+def utc_iso(timestamp: float) -> str:
+    """ISO 8601 UTC with a fixed width (microseconds always), so the texts also sort as times."""
+    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat(timespec="microseconds")
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """One process from /proc/<pid>/stat."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str
+    comm: str
+    cpu_ticks: int
+    threads: int
+    rss_bytes: int
+    start_ticks: int  # clock ticks after boot
+
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def read_stat(pid: int, proc: str = "/proc") -> Optional[ProcStat]:
+    """The process's stat line, or None when it is gone or unreadable."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as handle:
+            raw = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    # comm may hold spaces and parentheses: it ends at the last ')'.
+    head, _sep, tail = raw.rpartition(")")
+    fields = tail.split()
+    if len(fields) < 22:
+        return None
+    try:
+        return ProcStat(
+            pid=pid,
+            ppid=int(fields[1]),
+            pgid=int(fields[2]),
+            sid=int(fields[3]),
+            state=fields[0],
+            comm=head.partition("(")[2],
+            cpu_ticks=int(fields[11]) + int(fields[12]),
+            threads=int(fields[17]),
+            rss_bytes=int(fields[21]) * PAGE_SIZE,
+            start_ticks=int(fields[19]),
+        )
+    except ValueError:
+        return None
+
+
+def list_procs(proc: str = "/proc") -> List[ProcStat]:
+    """Every process this namespace shows, zombies included (``state == "Z"``)."""
+    found = []
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return []
+    for name in names:
+        if name.isdigit():
+            stat = read_stat(int(name), proc)
+            if stat is not None:
+                found.append(stat)
+    return found
+
+
+def environ_has(pid: int, entry: bytes, proc: str = "/proc") -> bool:
+    """Whether ``NAME=value`` (``entry``) is in the environment the process was started with."""
+    try:
+        with open(f"{proc}/{pid}/environ", "rb") as handle:
+            data = handle.read(MAX_ENVIRON_BYTES)
+    except OSError:
+        return False
+    return b"\0" + entry + b"\0" in b"\0" + data + b"\0"
+
+
+def marker_entry(name: str, value: str) -> bytes:
+    return f"{name}={value}".encode()
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def ticks_now(margin_s: float = 1.0) -> Optional[int]:
+    """Clock ticks since boot, ``margin_s`` ago, in the unit of /proc/<pid>/stat's start time."""
+    try:
+        with open("/proc/uptime") as handle:
+            return max(0, int((float(handle.read().split()[0]) - margin_s) * CLOCK_TICKS))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def members(
+    pgid: Optional[int], marker: Optional[bytes], proc: str = "/proc", since_ticks: Optional[int] = None
+) -> List[ProcStat]:
+    """Live processes in this session's process group ``pgid``, or whose environment holds ``marker``; never this
+    process.
+
+    The session check keeps a reused PID out: once a group is empty its number may lead a new group elsewhere, but
+    only processes the runner started live in the runner's session. Zombies do not count: they hold no memory or
+    GPU, and one whose parent never reaps it would never go. With ``since_ticks`` only processes started since then
+    are searched for the marker (a cell's processes cannot be older than the cell; reading every process's
+    environment takes a while on a busy box).
+    """
+    own_pid, own_sid = os.getpid(), os.getsid(0)
+    found = []
+    for stat in list_procs(proc):
+        if stat.pid == own_pid or stat.state == "Z":
+            continue
+        in_group = pgid is not None and stat.pgid == pgid and stat.sid == own_sid
+        recent = since_ticks is None or stat.start_ticks >= since_ticks
+        if in_group or (marker is not None and recent and environ_has(stat.pid, marker, proc)):
+            found.append(stat)
+    return found
+
+
+def _send(pgid: Optional[int], procs: Sequence[ProcStat], signum: int) -> None:
+    """One signal to the group, and one to each marked process outside it (a second SIGTERM makes some launchers
+    skip their own cleanup)."""
+    targets = [p.pid for p in procs if pgid is None or p.pgid != pgid]
+    if pgid is not None and any(p.pgid == pgid for p in procs):
+        targets.insert(0, -pgid)
+    for target in targets:
+        try:
+            if target < 0:
+                os.killpg(-target, signum)
+            else:
+                os.kill(target, signum)
+        except OSError as exc:
+            if exc.errno not in (errno.ESRCH, errno.EPERM):
+                raise
+
+
+def _wait_gone(
+    pgid: Optional[int], marker: Optional[bytes], until: float, reap: Callable[[], Any], since: Optional[int]
+) -> List[ProcStat]:
+    fast_until = time.monotonic() + FAST_POLL_FOR_S
+    while True:
+        reap()
+        left = members(pgid, marker, since_ticks=since)
+        now = time.monotonic()
+        if not left or now >= until:
+            return left
+        time.sleep(min(POLL_S if now < fast_until else SLOW_POLL_S, max(until - now, 0.0)))
+
+
+@dataclass(frozen=True)
+class StopReport:
+    found: int  # processes that were there when the stop began
+    killed: bool  # SIGKILL was needed
+    left: int  # processes still there at the end (0: the group is gone)
+
+
+def stop_processes(
+    pgid: Optional[int],
+    marker: Optional[bytes],
+    grace_s: float,
+    reap: Callable[[], Any] = lambda: None,
+    *,
+    kill_wait_s: float = KILL_WAIT_S,
+    since_ticks: Optional[int] = None,
+) -> StopReport:
+    """SIGTERM the group and the marked processes, SIGKILL after ``grace_s``, then wait up to ``kill_wait_s``."""
+    reap()
+    found = members(pgid, marker, since_ticks=since_ticks)
+    if not found:
+        return StopReport(0, False, 0)
+    _send(pgid, found, signal.SIGTERM)
+    left = _wait_gone(pgid, marker, time.monotonic() + grace_s, reap, since_ticks)
+    if not left:
+        return StopReport(len(found), False, 0)
+    _send(pgid, left, signal.SIGKILL)
+    left = _wait_gone(pgid, marker, time.monotonic() + kill_wait_s, reap, since_ticks)
+    return StopReport(len(found), True, len(left))
+
+
+def build_env(
+    base: Mapping[str, str],
+    defaults: Mapping[str, str],
+    spec_env: Mapping[str, str],
+    secrets: Mapping[str, str],
+    runner_env: Mapping[str, str],
+) -> Dict[str, str]:
+    """The job's environment, later layers winning: the runner's own, the seed's defaults, the run's, its
+    secrets, then what the runner must decide (CUDA_VISIBLE_DEVICES, RGT_*)."""
+    env = dict(base)
+    for layer in (defaults, spec_env, secrets, runner_env):
+        env.update(layer)
+    return env
+
+
+def command_argv(command: Sequence[str], env_hook: Optional[str], conda_env: Optional[str]) -> List[str]:
+    """The argv to execute: the cell's own, or the fixed wrapper around it when a hook or conda env is asked for."""
+    if not env_hook and not conda_env:
+        return list(command)
+    return ["bash", "-c", ENV_WRAPPER, "rgt", env_hook or "", conda_env or "", "--", *command]
+
+
+def append_line(path: str, text: str) -> None:
+    """One line appended to a log (O_APPEND: whole lines even while the command writes to it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, (text.rstrip("\n") + "\n").encode("utf-8", errors="replace"))
+    finally:
+        os.close(fd)
+
+
+def spawn(argv: Sequence[str], cwd: str, env: Mapping[str, str], log_path: str) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in its own process group within this session, output appended to ``log_path``."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    options: Dict[str, Any] = {}
+    if sys.version_info >= (3, 11):
+        options["process_group"] = 0
+    else:  # setpgid(0, 0) in the child before exec; a C function, so no Python lock is taken after fork
+        options["preexec_fn"] = os.setpgrp
+    try:
+        return subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            close_fds=True,
+            start_new_session=False,
+            **options,
+        )
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What to run for one attempt of a cell."""
+
+    argv: Sequence[str]
+    cwd: str
+    env: Mapping[str, str]
+    log_path: str
+    timeout_s: Optional[float]
+    grace_s: float
+    marker: bytes  # MARKER_VARIABLE=<token>, in env
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended; ``left`` > 0 means processes survived SIGKILL and still hold the cell's GPUs."""
+
+    exit_code: Optional[int]
+    signal: Optional[int]
+    started_at: float
+    ended_at: float
+    reason: Optional[str]  # None for a command that ended on its own
+    leftovers: int
+    left: int
+    pgid: Optional[int] = None  # the command's process group (its pid); None when it never started
+    since_ticks: Optional[int] = None  # when the attempt began, in /proc start-time ticks
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0 and self.signal is None
+
+    def describe(self) -> str:
+        """``exit status 1`` / ``ended by signal 9 (SIGKILL)``, and the reason when the runner stopped it."""
+        if self.signal is not None and self.exit_code is None:
+            try:
+                name = signal.Signals(self.signal).name
+            except ValueError:
+                name = "?"
+            ended = f"ended by signal {self.signal} ({name})"
+        else:
+            ended = f"exit status {self.exit_code}"
+        return f"{ended}, {self.reason}" if self.reason else ended
+
+
+def _status(returncode: Optional[int], sent: Optional[int]) -> Tuple[Optional[int], Optional[int]]:
+    """(exit_code, signal) from waitpid; a command the runner stopped records the signal that stopped it, also
+    when it caught it and exited on its own (so it never reads as a success)."""
+    if returncode is None:
+        return None, sent
+    if returncode < 0:
+        return None, -returncode
+    return returncode, sent
+
+
+def run_attempt(attempt: Attempt, stop: threading.Event, on_start: Callable[[int], None]) -> Outcome:
+    """Run one attempt to its end, stopping it on ``stop`` or its timeout, then clear what it left behind."""
+    started, clock, since = time.time(), time.monotonic(), ticks_now()
+    try:
+        proc = spawn(attempt.argv, attempt.cwd, attempt.env, attempt.log_path)
+    except OSError as exc:
+        why = f"could not start: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+        append_line(attempt.log_path, f"rgt: {why}")
+        return Outcome(EXIT_NOT_STARTED, None, started, time.time(), why, 0, 0)
+    on_start(proc.pid)
+    deadline = clock + attempt.timeout_s if attempt.timeout_s else None  # monotonic: a clock step cannot fire it
+    reason: Optional[str] = None
+    returncode: Optional[int] = None
+    while returncode is None:
+        try:
+            returncode = proc.wait(timeout=POLL_S)
+        except subprocess.TimeoutExpired:
+            if stop.is_set():
+                reason = "run stopped"
+            elif deadline is not None and time.monotonic() >= deadline:
+                reason = f"timeout after {attempt.timeout_s:g} s"
+            if reason:
+                break
+    sent: Optional[int] = None
+    if reason is not None:
+        sent = signal.SIGTERM
+        stop_processes(proc.pid, attempt.marker, attempt.grace_s, proc.poll, since_ticks=since)
+        try:
+            returncode = proc.wait(timeout=KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            returncode = None
+    ended = time.time()
+    exit_code, signum = _status(returncode, sent)
+    # Whatever the command left (workers in its group, daemons that left it): gone before the GPUs are handed on.
+    cleanup = stop_processes(proc.pid, attempt.marker, attempt.grace_s, proc.poll, since_ticks=since)
+    return Outcome(exit_code, signum, started, ended, reason, cleanup.found, cleanup.left, proc.pid, since)

@@ -1,0 +1,370 @@
+#!/usr/bin/python
+# Copyright (c) remote_gpu.trainer contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: training_run
+short_description: Start, resume or stop a detached, self-completing training run on a rented box
+version_added: "0.1.0"
+description:
+  - A run is a named queue of cells (one argv each) in C(<data_dir>/runs/<run>/), laid out as the collection's run
+    layout contract says (C(run.json), C(cells/<cell>/log), C(cells/<cell>/result.json), C(monitor.jsonl), C(DONE)).
+    The module writes the run's C(spec.json) (no secret in it), the secrets into C(.secrets.json) (mode 0600), copies
+    the on-box runner's code into C(runner/) (so a run never depends on a later version of the collection) and starts
+    it detached; the runner then runs the cells, prunes, copies and verifies each success's artifacts into
+    O(durable_dir) and writes C(DONE), with no controller attached.
+  - B(Detach.) With tmux installed (O(detach=auto) or V(tmux)), C(tmux new-session -d -s rgt-<run>) (a C(.) in the
+    run's name becomes C(_)); else a double fork with C(setsid), stdin from C(/dev/null), stdout and stderr appended
+    to C(runner.log). Either way the run survives the SSH session, the Ansible worker and the controller going away.
+    The module returns once the runner has registered itself in C(run.json) (at most O(start_timeout_s)).
+  - B(Idempotence.) Every start decision is taken under an flock on C(<data_dir>/runs/.launch.lock), held until the
+    new runner is registered, so two launches never start two copies of a run. The same run alive (its C(run.json)
+    names a live runner, with the PID-reuse guard of C(vram_zombies)) is left alone (C(changed=false)); a run with
+    C(DONE) is reported done (C(changed=false)); a different run alive on the box refuses the start unless
+    O(allow_concurrent). A run whose runner is gone (C(run.json) present, no live runner, no C(DONE)) is started
+    again, and the runner skips the cells already done (C(succeeded) and C(verified), or C(skipped) where the run
+    declares no artifacts) and reruns the others; RV(resumed) and RV(skipped_cells) say so.
+  - B(Stop.) O(state=stopped) sends SIGTERM to the runner's process group (the runner stops each running cell,
+    SIGTERM then SIGKILL after O(stop_grace_s), and records it as failed with C(reason=run stopped)), waits
+    O(stop_grace_s) plus 10 s, sends SIGKILL to every process of the run left (its session, its pids, and processes
+    carrying C(RGT_RUN_DIR=<run_dir>) in their environment, such as a worker that called setsid), and fails unless
+    none is left. Every file stays in place. A run whose runner is gone but whose cells still run (the runner was
+    killed) has those processes, found by that variable only, stopped the same way; a run with neither is left
+    alone (C(changed=false)).
+  - B(Secrets) (O(secrets)) travel as a no_log option, land in C(.secrets.json) (0600) and reach only the cells'
+    environment; never C(spec.json), C(run.json), a log line, RV(msg) or the result. A C(.secrets.json) of an
+    earlier launch is removed when O(secrets) is not given.
+  - Every command is an argv list; nothing builds a shell string from the options. O(env_hook) is the one file a
+    shell sources (trusted operator input, the platform profile's, never built from user strings).
+author:
+  - remote_gpu.trainer contributors (@remote-gpu-trainer)
+requirements:
+  - Linux (C(/proc)), Python 3.8+ on the box; C(tmux) for O(detach=tmux); C(nvidia-smi) to detect the GPUs when
+    O(gpus) is not given.
+options:
+  run:
+    description: The run's name, its directory under C(<data_dir>/runs/); matches C(^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$).
+    type: str
+    required: true
+  state:
+    description:
+      - V(started) starts the run unless it is alive or done (a dead one resumes); V(stopped) stops a live run.
+    type: str
+    choices: [started, stopped]
+    default: started
+  data_dir:
+    description: The profile's fast scratch directory (absolute), holding C(runs/<run>/).
+    type: path
+    required: true
+  durable_dir:
+    description: Absolute directory that survives teardown; the artifacts go to
+      C(<durable_dir>/runs/<run>/cells/<cell>/). Required when O(artifacts) is set.
+    type: path
+  workdir:
+    description: The cells' working directory (absolute; default C(<data_dir>/code/<run>)). It must exist (outside
+      check mode).
+    type: path
+  cells:
+    description:
+      - The run's cells, in queue order. Required for O(state=started).
+    type: list
+    elements: dict
+    suboptions:
+      name:
+        description: The cell's name, its directory under C(cells/); same pattern as O(run), unique in the run.
+        type: str
+        required: true
+      command:
+        description: The cell's argv (rendered by the launch role from the run's command template); never run by a
+          shell.
+        type: list
+        elements: str
+        required: true
+      timeout_s:
+        description: Seconds (at least 1) after which the cell is stopped and recorded as failed with the reason.
+        type: float
+      retries:
+        description: How many times a failed cell runs again (at least 0).
+        type: int
+        default: 0
+      checkpoint_dir:
+        description: Absolute directory of the cell's checkpoints, where O(prune) and O(artifacts) apply (default
+          the cell's directory).
+        type: str
+  env:
+    description: Environment variables of the cells (names of letters, digits and C(_)); numbers become text.
+      V(WANDB_MODE=online) needs a C(WANDB_API_KEY) secret.
+    type: dict
+    default: {}
+  env_hook:
+    description: Absolute path of a file each cell's shell sources before its command (C(/etc/network_turbo) on
+      AutoDL); trusted operator input. It must be readable.
+    type: path
+  conda_env:
+    description: A conda environment to activate before each command.
+    type: str
+  secrets:
+    description: Secret environment variables of the cells, a mapping of names to non-empty strings; see the
+      description.
+    type: dict
+  gpus:
+    description:
+      - The box's GPU indices (each between 0 and 1023) the run may use. Default from C(nvidia-smi
+        --query-gpu=index) (10 s timeout); where that fails, none, and each cell gets the whole box.
+    type: list
+    elements: int
+  gpus_per_cell:
+    description: GPUs per cell (between 1 and 1024, at most the number of O(gpus)); each cell gets its own
+      C(CUDA_VISIBLE_DEVICES) and up to C(len(gpus) // gpus_per_cell) cells run at once. Unset means every GPU for
+      each cell, one cell at a time.
+    type: int
+  max_parallel:
+    description: At most this many cells at once (between 1 and 1024).
+    type: int
+  prune:
+    description: Glob patterns (relative, inside the checkpoint directory) of files deleted after a cell succeeds,
+      before its artifacts are copied (for example C(latest.pth)).
+    type: list
+    elements: str
+    default: []
+  artifacts:
+    description: Glob patterns (relative) of the files copied to O(durable_dir), re-read and checked by size and
+      sha256, then listed in C(MANIFEST.sha256).
+    type: list
+    elements: str
+    default: []
+  stop_on_failure:
+    description: After a failed cell, start no more cells (running ones finish).
+    type: bool
+    default: false
+  detach:
+    description: V(auto) is tmux when installed, else setsid; V(tmux) fails without tmux.
+    type: str
+    choices: [auto, tmux, setsid]
+    default: auto
+  allow_concurrent:
+    description: Start this run although a different run is alive on the box.
+    type: bool
+    default: false
+  stop_grace_s:
+    description: Seconds between SIGTERM and SIGKILL when a cell times out or the run stops, between 0 and 3600.
+    type: float
+    default: 30
+  monitor_interval_s:
+    description: Seconds between two resource samples in C(monitor.jsonl), between 0.1 and 86400.
+    type: float
+    default: 30
+  monitor_max_bytes:
+    description: C(monitor.jsonl) is rotated to C(monitor.jsonl.1) beyond this size, between 4096 and 1099511627776.
+    type: int
+    default: 8388608
+  shard:
+    description: This box's share of a sweep split across boxes, recorded in C(run.json); C(0 <= index < count).
+    type: dict
+    suboptions:
+      index:
+        description: This box's shard, from 0.
+        type: int
+        required: true
+      count:
+        description: How many boxes share the sweep.
+        type: int
+        required: true
+  start_timeout_s:
+    description: Seconds to wait for the new runner to register in C(run.json), above 0 and at most 600; a runner
+      that does not is stopped and the module fails with the end of C(runner.log).
+    type: float
+    default: 20
+extends_documentation_fragment:
+  - remote_gpu.trainer.attributes
+attributes:
+  check_mode:
+    support: full
+    details: Nothing is written, locked or started; RV(msg) says whether the run would start or resume, and
+      C(changed) whether it would. O(state=stopped) signals nothing.
+notes:
+  - Use the runtime venv's Python (C(ansible_python_interpreter)); the runner runs with the module's interpreter.
+  - With tmux, a tmux server that already runs gives the run its own environment, not the SSH session's.
+seealso:
+  - module: remote_gpu.trainer.vram_zombies
+"""
+
+EXAMPLES = r"""
+- name: Start (or resume) a two-cell run, one GPU per cell
+  remote_gpu.trainer.training_run:
+    run: abl-2026-12
+    data_dir: /root/autodl-tmp
+    durable_dir: /root/autodl-fs
+    cells:
+      - name: baseline
+        command: [python, -m, src.train, -c, configs/baseline.yaml]
+        checkpoint_dir: /root/autodl-tmp/runs/abl-2026-12/cells/baseline/ckpt
+      - name: mask-0.3
+        command: [python, -m, src.train, -c, configs/mask_0.3.yaml]
+        timeout_s: 14400
+        retries: 1
+    gpus_per_cell: 1
+    prune: [latest.pth]
+    artifacts: [best.pth]
+    env_hook: /etc/network_turbo
+    env: {WANDB_MODE: online}
+    secrets: {WANDB_API_KEY: "{{ lookup('ansible.builtin.env', 'WANDB_API_KEY') }}"}
+  no_log: true
+  register: launched
+
+- name: Stop it (files stay)
+  remote_gpu.trainer.training_run:
+    run: abl-2026-12
+    data_dir: /root/autodl-tmp
+    state: stopped
+    stop_grace_s: 60
+"""
+
+RETURN = r"""
+msg:
+  description: One line, for example C(run abl started (tmux, pgid 812\)...), C(run abl already running (pgid
+    812\)), C(would resume run abl (setsid\)...) or C(stopped run abl (pgid 812\)...).
+  returned: always
+  type: str
+run:
+  description: The run's name.
+  returned: always
+  type: str
+run_dir:
+  description: C(<data_dir>/runs/<run>).
+  returned: always
+  type: str
+state:
+  description: C(running) (a live runner), C(done) (C(DONE) written), C(stopped) (registered, no live runner, not
+    done) or C(absent) (never registered). In check mode, the state a start would lead to.
+  returned: always
+  type: str
+pgid:
+  description: The runner's process group from C(run.json), or null.
+  returned: always
+  type: int
+sid:
+  description: The runner's session from C(run.json), or null.
+  returned: always
+  type: int
+pids:
+  description: The runner's pids from C(run.json).
+  returned: always
+  type: list
+  elements: int
+started_at:
+  description: When the runner started (ISO 8601 UTC, from C(run.json)), or null.
+  returned: always
+  type: str
+detach:
+  description: C(tmux) or C(setsid) (in check mode, what a start would use), or null.
+  returned: always
+  type: str
+attach:
+  description: The command that watches a live run (C(tmux attach -t rgt-<run>) or C(tail -f <run_dir>/runner.log)),
+    or null.
+  returned: always
+  type: str
+resumed:
+  description: Some cells were already done, so this start (or the live runner's) skips them.
+  returned: always
+  type: bool
+skipped_cells:
+  description: Names of the cells skipped because they were already done.
+  returned: always
+  type: list
+  elements: str
+cells:
+  description: Every cell of the run, in queue order.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    name: {description: The cell's name., type: str}
+    status:
+      description: C(succeeded) or C(failed) (its C(result.json)), C(running) (started by the live runner, no result
+        yet) or C(pending) (not started, or a result the live runner will replace by running it again).
+      type: str
+    sync: {description: 'C(verified), C(failed) or C(skipped) from C(result.json), or null.', type: str}
+    done: {description: 'Succeeded and its sync verified (or skipped without artifacts): a resume skips it.',
+           type: bool}
+    exit_code: {description: "The command's own exit status, or null.", type: int}
+    signal: {description: 'The signal that ended it, or null.', type: int}
+    attempts: {description: 'How many attempts ran, or null.', type: int}
+    reason: {description: 'Why it failed, its sync error, or why it is pending; null otherwise.', type: str}
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import Between, check_options
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._training_run import LaunchError, training_run
+
+CELL_OPTIONS = {
+    "name": {"type": "str", "required": True},
+    "command": {"type": "list", "elements": "str", "required": True},
+    "timeout_s": {"type": "float"},
+    "retries": {"type": "int", "default": 0},
+    "checkpoint_dir": {"type": "str"},
+}
+ARGUMENT_SPEC = {
+    "run": {"type": "str", "required": True},
+    "state": {"type": "str", "choices": ["started", "stopped"], "default": "started"},
+    "data_dir": {"type": "path", "required": True},
+    "durable_dir": {"type": "path"},
+    "workdir": {"type": "path"},
+    "cells": {"type": "list", "elements": "dict", "options": CELL_OPTIONS},
+    "env": {"type": "dict", "default": {}},
+    "env_hook": {"type": "path"},
+    "conda_env": {"type": "str"},
+    "secrets": {"type": "dict", "no_log": True},
+    "gpus": {"type": "list", "elements": "int"},
+    "gpus_per_cell": {"type": "int"},
+    "max_parallel": {"type": "int"},
+    "prune": {"type": "list", "elements": "str", "default": []},
+    "artifacts": {"type": "list", "elements": "str", "default": []},
+    "stop_on_failure": {"type": "bool", "default": False},
+    "detach": {"type": "str", "choices": ["auto", "tmux", "setsid"], "default": "auto"},
+    "allow_concurrent": {"type": "bool", "default": False},
+    "stop_grace_s": {"type": "float", "default": 30.0},
+    "monitor_interval_s": {"type": "float", "default": 30.0},
+    "monitor_max_bytes": {"type": "int", "default": 8388608},
+    "shard": {
+        "type": "dict",
+        "options": {"index": {"type": "int", "required": True}, "count": {"type": "int", "required": True}},
+    },
+    "start_timeout_s": {"type": "float", "default": 20.0},
+}
+OPTION_BOUNDS = {
+    "gpus": Between(0, 1023),
+    "gpus_per_cell": Between(1, 1024),
+    "max_parallel": Between(1, 1024),
+    "stop_grace_s": Between(0, 3600),
+    "monitor_interval_s": Between(0.1, 86400),
+    "monitor_max_bytes": Between(4096, 1 << 40),
+    "start_timeout_s": Between(0, 600, above_low=True),
+}
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=ARGUMENT_SPEC,
+        required_if=[("state", "started", ["cells"])],
+        supports_check_mode=True,
+    )
+    check_options(module, OPTION_BOUNDS)
+    try:
+        result = training_run(module.params, module.check_mode, module.warn)
+    except ValueError as exc:  # a value only the run spec's rules can judge: the message names the option
+        module.fail_json(msg=str(exc), run=module.params["run"])
+    except LaunchError as exc:
+        module.fail_json(msg=str(exc), **dict(exc.facts, run=module.params["run"]))
+    except OSError as exc:  # the box's filesystem refused a write: say which path
+        module.fail_json(msg=f"run {module.params['run']}: {exc}", run=module.params["run"])
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,397 @@
+"""The training_run module end to end: the real runner, detached for real, running the fake workload in tmp dirs.
+
+Every test cleans up what it started (by the run directory in the processes' command lines and environments), and
+tmux runs on a private socket directory, never the machine's default server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _run_detach, _training_run
+from ansible_collections.remote_gpu.trainer.plugins.modules import training_run
+from ansible_collections.remote_gpu.trainer.tests.collection_path import collection_root
+
+FAKE_TRAIN = str(Path(__file__).resolve().parents[3] / "workload" / "fake_train.py")
+SECRET = "s3cr3t-value-0123456789"
+HAS_TMUX = shutil.which("tmux") is not None
+
+
+def cell(name: str, *args: str, **extra: Any) -> Dict[str, Any]:
+    return dict(name=name, command=[sys.executable, FAKE_TRAIN, *args], **extra)
+
+
+def _mentions(pid: int, text: bytes) -> bool:
+    for part in ("cmdline", "environ"):
+        try:
+            with open(f"/proc/{pid}/{part}", "rb") as handle:
+                if text in handle.read():
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+def processes_of(root: Path) -> List[int]:
+    """Live processes whose command line or environment names ``root`` (runners, cells, their children)."""
+    own, found = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != own:
+            stat = _run_detach.read_stat(int(name))
+            if stat is not None and stat.state != "Z" and _mentions(int(name), str(root).encode()):
+                found.append(int(name))
+    return found
+
+
+def runners_of(run_dir: Path) -> List[int]:
+    """Runner processes of this run (by command line only: cheaper than reading every environment)."""
+    needle, pids = f"{run_dir}/runner/run.py".encode(), []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _run_detach.read_stat(int(name))
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as handle:
+                    if needle in handle.read() and stat is not None and stat.state != "Z":
+                        pids.append(int(name))
+            except OSError:
+                pass
+    return pids
+
+
+def wait_for(predicate, timeout_s: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def log_of(run_dir: Path, name: str) -> str:
+    path = run_dir / "cells" / name / "log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def result_of(run_dir: Path, name: str) -> Dict[str, Any]:
+    return json.loads((run_dir / "cells" / name / "result.json").read_text())
+
+
+@pytest.fixture
+def box(tmp_path, monkeypatch):
+    """A data dir (with the run's code dir), a durable dir, a private tmux socket dir; everything killed after."""
+    socket_dir = tempfile.mkdtemp(prefix="rgt")  # short: a unix socket path has at most 107 bytes
+    monkeypatch.setenv("TMUX_TMPDIR", socket_dir)
+    data, durable = tmp_path / "data", tmp_path / "durable"
+    for run in ("r1", "r2", "sec"):
+        (data / "code" / run).mkdir(parents=True)
+    durable.mkdir()
+    yield {"data": data, "durable": durable, "root": tmp_path}
+    for pid in processes_of(tmp_path) if (data / "runs").exists() else []:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if HAS_TMUX:
+        subprocess.run(["tmux", "kill-server"], capture_output=True, check=False)
+    shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+def args_for(box, run: str = "r1", cells=None, **extra: Any) -> Dict[str, Any]:
+    base = {
+        "run": run,
+        "data_dir": str(box["data"]),
+        "cells": cells if cells is not None else [cell("a"), cell("b")],
+        "gpus": [],
+        "detach": "setsid",
+        "monitor_interval_s": 1,
+        "stop_grace_s": 1,
+    }
+    return dict(base, **extra)
+
+
+def test_starts_detached_returns_within_seconds_and_finishes_alone(box, run_module):
+    args = args_for(box, durable_dir=str(box["durable"]), artifacts=["best.pth"], prune=["latest.pth"])
+    began = time.monotonic()
+    code, result = run_module(training_run, args)
+    assert code == 0, result
+    assert time.monotonic() - began < 10
+    run_dir = box["data"] / "runs" / "r1"
+    assert (result["changed"], result["state"], result["detach"], result["resumed"]) == (
+        True,
+        "running",
+        "setsid",
+        False,
+    )
+    assert result["msg"].startswith("run r1 started (setsid, pgid ")
+    assert result["run_dir"] == str(run_dir)
+    assert result["attach"] == f"tail -f {run_dir}/runner.log"
+    assert [c["name"] for c in result["cells"]] == ["a", "b"]
+    assert {c["status"] for c in result["cells"]} <= {"running", "pending"}
+    record = json.loads((run_dir / "run.json").read_text())
+    assert (record["pgid"], record["sid"], record["pids"]) == (result["pgid"], result["sid"], result["pids"])
+    assert oct((run_dir / "spec.json").stat().st_mode & 0o777) == "0o644"
+    assert not (run_dir / ".secrets.json").exists()
+    for name in ("run.py", "ansible_collections/__init__.py"):
+        assert (run_dir / "runner" / name).is_file()
+    wait_for((run_dir / "DONE").exists, what="DONE")
+    assert (box["durable"] / "runs" / "r1" / "cells" / "a" / "best.pth").is_file()
+    code, result = run_module(training_run, args)
+    assert (result["changed"], result["state"]) == (False, "done")
+    assert [(c["status"], c["sync"], c["done"]) for c in result["cells"]] == [("succeeded", "verified", True)] * 2
+
+
+def test_a_second_call_changes_nothing_and_starts_no_second_runner(box, run_module):
+    args = args_for(box, cells=[cell("a", "--forever", "--step-s", "0.1")])
+    code, first = run_module(training_run, args)
+    assert code == 0 and first["changed"] is True
+    run_dir = box["data"] / "runs" / "r1"
+    assert runners_of(run_dir) == first["pids"]
+    wait_for(lambda: json.loads((run_dir / "run.json").read_text())["cells"][0]["state"] == "started", what="cell a")
+    code, second = run_module(training_run, args)
+    assert code == 0
+    assert second["changed"] is False
+    assert second["msg"] == f"run r1 already running (pgid {first['pgid']})"
+    assert (second["state"], second["pgid"], second["pids"]) == ("running", first["pgid"], first["pids"])
+    assert second["cells"][0]["status"] == "running"
+    time.sleep(0.3)
+    assert runners_of(run_dir) == first["pids"]
+
+
+def test_a_different_live_run_is_refused_unless_allow_concurrent(box, run_module):
+    code, first = run_module(training_run, args_for(box, cells=[cell("a", "--forever", "--step-s", "0.1")]))
+    assert code == 0
+    code, refused = run_module(training_run, args_for(box, run="r2"))
+    assert code == 1
+    assert refused["msg"] == (
+        f"run r1 (pgid {first['pgid']}) is running on this box; set allow_concurrent to start r2 beside it"
+    )
+    assert not (box["data"] / "runs" / "r2").exists()
+    code, allowed = run_module(training_run, args_for(box, run="r2", allow_concurrent=True))
+    assert code == 0 and allowed["changed"] is True and allowed["state"] in ("running", "done")
+
+
+def test_a_dead_runner_is_resumed_and_the_done_cells_are_skipped(box, run_module):
+    cells = [cell("a"), cell("b", "--forever", "--step-s", "0.1")]
+    code, first = run_module(training_run, args_for(box, cells=cells))
+    assert code == 0
+    run_dir = box["data"] / "runs" / "r1"
+    wait_for((run_dir / "cells" / "a" / "result.json").exists, what="cell a's result")
+    wait_for(lambda: "epoch 1/inf" in log_of(run_dir, "b"), what="cell b's first epoch")
+    os.kill(first["pids"][0], signal.SIGKILL)  # the runner dies; cell b lives on, orphaned
+    wait_for(lambda: not runners_of(run_dir), what="the runner's death")
+    code, dead = run_module(training_run, dict(args_for(box, cells=cells), state="stopped"), check_mode=True)
+    assert (dead["changed"], dead["state"]) == (True, "stopped")
+    assert dead["msg"] == "would stop 1 process(es) left by run r1, SIGKILL after 1 s"
+    # The relaunch (b now finishes) reruns only b; the new runner first stops the orphaned b.
+    code, resumed = run_module(training_run, args_for(box, cells=[cell("a"), cell("b")]))
+    assert code == 0, resumed
+    assert (resumed["changed"], resumed["resumed"], resumed["skipped_cells"]) == (True, True, ["a"])
+    assert "resumed" in resumed["msg"] and "skipped (already done): a" in resumed["msg"]
+    assert resumed["pids"] != first["pids"]
+    assert resumed["cells"][0]["done"] is True
+    wait_for((run_dir / "DONE").exists, what="DONE")
+    assert (run_dir / "cells" / "a" / "log").read_text().count("attempt 1/1 starting") == 1
+    assert result_of(run_dir, "b")["status"] == "succeeded"
+
+
+def test_stopped_kills_the_group_including_a_child_ignoring_sigterm(box, run_module):
+    cells = [cell("a", "--forever", "--ignore-sigterm", "--step-s", "0.1")]
+    code, first = run_module(training_run, args_for(box, cells=cells))
+    assert code == 0
+    run_dir = box["data"] / "runs" / "r1"
+    wait_for(lambda: "epoch 1/inf" in log_of(run_dir, "a"), what="cell a's first epoch")
+    code, check = run_module(training_run, dict(args_for(box, cells=cells), state="stopped"), check_mode=True)
+    assert (check["changed"], check["state"]) == (True, "running")
+    assert runners_of(run_dir) == first["pids"]
+    began = time.monotonic()
+    code, stopped = run_module(training_run, dict(args_for(box, cells=cells), state="stopped"))
+    assert code == 0, stopped
+    assert (stopped["changed"], stopped["state"]) == (True, "stopped")
+    assert time.monotonic() - began < 15
+    assert processes_of(run_dir) == []
+    for name in ("run.json", "spec.json", "runner.log", "cells/a/log"):
+        assert (run_dir / name).exists()
+    result = result_of(run_dir, "a")
+    assert (result["status"], result["reason"]) == ("failed", "run stopped")
+    assert result["signal"] in (signal.SIGTERM, signal.SIGKILL)
+    code, again = run_module(training_run, dict(args_for(box, cells=cells), state="stopped"))
+    assert (again["changed"], again["state"]) == (False, "stopped")
+
+
+def test_stopped_also_ends_the_cells_a_dead_runner_left(box, run_module):
+    args = args_for(box, cells=[cell("a", "--forever", "--step-s", "0.1")])
+    code, first = run_module(training_run, args)
+    run_dir = box["data"] / "runs" / "r1"
+    wait_for(lambda: "epoch 1/inf" in log_of(run_dir, "a"), what="cell a's first epoch")
+    os.kill(first["pids"][0], signal.SIGKILL)
+    wait_for(lambda: not runners_of(run_dir), what="the runner's death")
+    assert processes_of(run_dir) != []
+    code, stopped = run_module(training_run, dict(args, state="stopped"))
+    assert code == 0, stopped
+    assert stopped["changed"] is True and stopped["msg"].startswith("stopped 1 process(es) left by run r1: ")
+    assert processes_of(run_dir) == []
+    code, again = run_module(training_run, dict(args, state="stopped"))
+    assert (again["changed"], again["msg"]) == (False, "run r1 is not running (stopped)")
+
+
+def test_check_mode_writes_and_starts_nothing(box, run_module):
+    code, result = run_module(training_run, args_for(box, secrets={"WANDB_API_KEY": SECRET}), check_mode=True)
+    assert code == 0
+    assert (result["changed"], result["state"], result["resumed"]) == (True, "running", False)
+    assert result["msg"] == "would start run r1 (setsid): 2 cell(s) to run"
+    assert sorted(os.listdir(box["data"])) == ["code"]
+    assert processes_of(box["root"]) == []
+
+
+def test_secrets_reach_only_the_job_and_the_0600_file(box, run_module):
+    args = args_for(
+        box,
+        run="sec",
+        cells=[cell("a", "--print-env", "WANDB_API_KEY")],
+        secrets={"WANDB_API_KEY": SECRET},
+        env={"WANDB_MODE": "online", "OMP_NUM_THREADS": 2},
+    )
+    code, result = run_module(training_run, args)
+    assert code == 0
+    run_dir = box["data"] / "runs" / "sec"
+    wait_for((run_dir / "DONE").exists, what="DONE")
+    secrets_file = run_dir / ".secrets.json"
+    assert oct(secrets_file.stat().st_mode & 0o777) == "0o600"
+    assert json.loads(secrets_file.read_text()) == {"WANDB_API_KEY": SECRET}
+    proof = hashlib.sha256(SECRET.encode()).hexdigest()[:16]
+    assert f"env WANDB_API_KEY sha256={proof}" in (run_dir / "cells" / "a" / "log").read_text()
+    assert SECRET not in json.dumps(result)
+    code, again = run_module(training_run, args)
+    assert SECRET not in json.dumps(again)
+    for path in box["root"].rglob("*"):
+        if path.is_file() and path != secrets_file:
+            assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_setsid_detach_survives_the_session_that_started_it(box, tmp_path):
+    args_file = tmp_path / "args.json"
+    args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args_for(box, cells=[cell("a", "--step-s", "0.3")])}))
+    env = dict(os.environ, PYTHONPATH=str(collection_root()))
+    # Its own session, like an SSH login; killed as a whole once the module returned, as sshd's teardown does.
+    session = subprocess.Popen(
+        [sys.executable, training_run.__file__, str(args_file)],
+        stdout=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
+    out, _err = session.communicate(timeout=30)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(session.pid, signal.SIGKILL)  # nothing of the run is left in the caller's session
+    result = json.loads(out)
+    assert result["changed"] is True, result
+    runner = result["pids"][0]
+    stat = _run_detach.read_stat(runner)
+    assert stat is not None and stat.sid not in (os.getsid(0), session.pid) and stat.sid == result["sid"]
+    assert stat.pgid != os.getpgrp()
+    with open(f"/proc/{runner}/stat", "rb") as handle:
+        assert int(handle.read().rpartition(b")")[2].split()[2]) != session.pid  # the parent is gone
+    for fd in (0, 1, 2):
+        target = os.readlink(f"/proc/{runner}/fd/{fd}")
+        assert (target == "/dev/null") if fd == 0 else target.endswith("/runner.log")
+    run_dir = box["data"] / "runs" / "r1"
+    wait_for((run_dir / "DONE").exists, what="DONE after the session ended")
+
+
+@pytest.mark.skipif(not HAS_TMUX, reason="tmux is not installed")
+def test_tmux_detach_names_its_session_and_attach_command(box, run_module):
+    args = args_for(box, run="r1", cells=[cell("a", "--forever", "--step-s", "0.1")], detach="auto")
+    code, result = run_module(training_run, args)
+    assert code == 0, result
+    assert (result["detach"], result["attach"]) == ("tmux", "tmux attach -t rgt-r1")
+    panes = _run_detach.tmux_panes(shutil.which("tmux"), "rgt-r1", os.environ)
+    assert panes == [(False, result["pids"][0])]
+    assert result["pgid"] == result["sid"] == result["pids"][0]
+    code, again = run_module(training_run, args)
+    assert again["changed"] is False
+    code, stopped = run_module(training_run, dict(args, state="stopped"))
+    assert stopped["changed"] is True
+    wait_for(lambda: _run_detach.tmux_panes(shutil.which("tmux"), "rgt-r1", os.environ) is None, what="tmux")
+
+
+BAD_OPTIONS = [
+    ({"run": "bad/name"}, "run 'bad/name' does not match"),
+    ({"data_dir": "relative"}, "data_dir must be an absolute path"),
+    ({"cells": []}, "cells must be a non-empty list"),
+    ({"cells": [{"name": "a", "command": []}]}, "cell a: command must be a non-empty list of strings"),
+    ({"cells": [cell("a"), cell("a")]}, "cell names must be unique: a"),
+    ({"cells": [cell("a", timeout_s=0)]}, "cell a: timeout_s must be a number of at least 1"),
+    ({"gpus": [0, 1], "gpus_per_cell": 3}, "gpus_per_cell 3 is more than the box's 2 GPUs"),
+    ({"gpus_per_cell": 0}, "gpus_per_cell must be an integer between 1 and 1024, got 0"),
+    ({"stop_grace_s": float("nan")}, "stop_grace_s must be a finite number between 0 and 3600, got nan"),
+    ({"start_timeout_s": 0}, "start_timeout_s must be a finite number above 0 and at most 600, got 0"),
+    ({"monitor_interval_s": 0.01}, "monitor_interval_s must be a finite number between 0.1 and 86400"),
+    ({"artifacts": ["best.pth"]}, "artifacts are declared but durable_dir is not set"),
+    ({"prune": ["../x"]}, "prune: '../x' must stay inside the cell's directory"),
+    ({"env": {"BAD-NAME": "1"}}, "env: 'BAD-NAME' is not an environment variable name"),
+    ({"env": {"WANDB_MODE": "online"}}, "env WANDB_MODE=online needs a WANDB_API_KEY secret"),
+    ({"secrets": {"1X": SECRET}}, "secrets: '1X' is not an environment variable name"),
+    ({"shard": {"index": 2, "count": 2}}, "shard needs 1 <= count and 0 <= index < count"),
+    ({"detach": "nohup"}, "value of detach must be one of: auto, tmux, setsid"),
+    ({"env_hook": "/nonexistent/hook"}, "env_hook /nonexistent/hook is not a readable file"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD_OPTIONS)
+def test_a_bad_option_fails_in_one_line_naming_it(box, run_module, change, message):
+    code, result = run_module(training_run, {**args_for(box), "secrets": {"OTHER": SECRET}, **change})
+    assert code == 1
+    assert message in result["msg"]
+    assert "\n" not in result["msg"] and SECRET not in json.dumps(result)
+    assert not (box["data"] / "runs").exists()
+
+
+def test_started_needs_cells(box, run_module):
+    args = args_for(box)
+    del args["cells"]
+    code, result = run_module(training_run, args)
+    assert code == 1 and "cells" in result["msg"]
+
+
+def test_a_missing_workdir_fails_before_anything_is_written(box, run_module):
+    code, result = run_module(training_run, args_for(box, run="r9"))
+    assert code == 1
+    assert result["msg"] == f"workdir {box['data']}/code/r9 is not a directory (bring the code first)"
+    assert not (box["data"] / "runs" / "r9").exists()
+
+
+def test_a_runner_that_dies_before_registering_fails_with_its_log(box, run_module, monkeypatch):
+    monkeypatch.setattr(_training_run, "RUN_PY", "import sys\nprint('rgt: broken runner')\nsys.exit(3)\n")
+    code, result = run_module(training_run, args_for(box))
+    assert code == 1
+    assert result["msg"].startswith("the runner of r1 ended before it registered in run.json; runner.log: ")
+    assert "broken runner" in result["msg"]
+
+
+def test_gpus_come_from_nvidia_smi_or_none():
+    assert _training_run.detect_gpus(lambda argv, timeout: (0, "0\n1\n", "")) == [0, 1]
+    assert _training_run.detect_gpus(lambda argv, timeout: (127, "", "not found")) == []
+    assert _training_run.detect_gpus(lambda argv, timeout: (0, "No devices were found\n", "")) == []
+
+
+def test_a_launch_lock_held_too_long_fails_the_start(box, run_module, monkeypatch):
+    monkeypatch.setattr(_training_run, "LOCK_MARGIN_S", 0.0)
+    monkeypatch.setattr(_training_run, "STOP_SETTLE_S", 0.0)
+    (box["data"] / "runs").mkdir()
+    lock = box["data"] / "runs" / ".launch.lock"
+    with open(lock, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        code, result = run_module(training_run, args_for(box, stop_grace_s=0, start_timeout_s=0.3))
+    assert code == 1
+    assert result["msg"] == f"another launch on this box held {lock} for more than 0.3 s"
+    assert not (box["data"] / "runs" / "r1").exists()
