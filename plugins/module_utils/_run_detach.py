@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._cell_exec import ProcStat, read_stat
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree import Proc, run_is_live
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import Run
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._runspec import runner_dir
@@ -221,32 +222,6 @@ def _max_fd() -> int:
         return 4096
 
 
-@dataclass(frozen=True)
-class Stat:
-    """One process from /proc/<pid>/stat: what liveness and group membership need."""
-
-    pid: int
-    pgid: int
-    sid: int
-    state: str
-    comm: str
-    start_ticks: int
-
-
-def read_stat(pid: int) -> Optional[Stat]:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            raw = handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    head, _sep, tail = raw.rpartition(")")
-    fields = tail.split()
-    try:
-        return Stat(pid, int(fields[2]), int(fields[3]), fields[0], head.partition("(")[2], int(fields[19]))
-    except (IndexError, ValueError):
-        return None
-
-
 def _boot_time() -> float:
     with open("/proc/stat", "rb") as handle:
         for line in handle:
@@ -296,7 +271,7 @@ def _environ_has(pid: int, entries: Sequence[bytes]) -> bool:
     return any(b"\0" + entry + b"\0" in data for entry in entries)
 
 
-def run_members(run: Run, markers: Sequence[str] = ()) -> List[Stat]:
+def run_members(run: Run, markers: Sequence[str] = ()) -> List[ProcStat]:
     """Live processes of a run: its session (or group, without one), its pids, and any process whose environment
     holds one of ``markers`` (``NAME=value``: a worker that left the session with setsid); never this process."""
     own = os.getpid()
@@ -326,13 +301,13 @@ def _signal(targets: Iterable[int], signum: int, group: bool) -> None:
                 raise
 
 
-def _still_there(proc: Stat) -> bool:
+def _still_there(proc: ProcStat) -> bool:
     """The same process (same start time: no reused PID) is alive and no zombie."""
     now = read_stat(proc.pid)
     return now is not None and now.state != "Z" and now.start_ticks == proc.start_ticks
 
 
-def _wait_gone(procs: Sequence[Stat], seconds: float) -> None:
+def _wait_gone(procs: Sequence[ProcStat], seconds: float) -> None:
     """Poll only the processes already found (a full scan reads every process's environment): until they are gone."""
     until = time.monotonic() + seconds
     while any(_still_there(p) for p in procs) and time.monotonic() < until:

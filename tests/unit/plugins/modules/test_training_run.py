@@ -28,7 +28,6 @@ from ansible_collections.remote_gpu.trainer.tests.collection_path import collect
 
 FAKE_TRAIN = str(Path(__file__).resolve().parents[3] / "workload" / "fake_train.py")
 SECRET = "s3cr3t-value-0123456789"
-HAS_TMUX = shutil.which("tmux") is not None
 
 
 def cell(name: str, *args: str, **extra: Any) -> Dict[str, Any]:
@@ -102,8 +101,7 @@ def box(tmp_path, monkeypatch):
     for pid in processes_of(tmp_path) if (data / "runs").exists() else []:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    if HAS_TMUX:
-        subprocess.run(["tmux", "kill-server"], capture_output=True, check=False)
+    subprocess.run(["tmux", "kill-server"], capture_output=True, check=False)
     shutil.rmtree(socket_dir, ignore_errors=True)
 
 
@@ -308,7 +306,6 @@ def test_setsid_detach_survives_the_session_that_started_it(box, tmp_path):
     wait_for((run_dir / "DONE").exists, what="DONE after the session ended")
 
 
-@pytest.mark.skipif(not HAS_TMUX, reason="tmux is not installed")
 def test_tmux_detach_names_its_session_and_attach_command(box, run_module):
     args = args_for(box, run="r1", cells=[cell("a", "--forever", "--step-s", "0.1")], detach="auto")
     code, result = run_module(training_run, args)
