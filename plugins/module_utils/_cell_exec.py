@@ -160,6 +160,15 @@ def ticks_now(margin_s: float = 1.0) -> Optional[int]:
         return None
 
 
+def own_ids() -> Tuple[Optional[int], Optional[int]]:
+    """This process's (process group, session), each None when its leader lives outside this PID namespace.
+
+    The kernel reports such a leader as 0 (a container started with its session outside, some CI sandboxes); a
+    0 must never be compared with other processes' ids: every process of an outside session shows 0 too.
+    """
+    return tuple(value if value > 1 else None for value in (os.getpgrp(), os.getsid(0)))  # type: ignore[return-value]
+
+
 def members(
     pgid: Optional[int], marker: Optional[bytes], proc: str = "/proc", since_ticks: Optional[int] = None
 ) -> List[ProcStat]:
@@ -172,12 +181,12 @@ def members(
     are searched for the marker (a cell's processes cannot be older than the cell; reading every process's
     environment takes a while on a busy box).
     """
-    own_pid, own_sid = os.getpid(), os.getsid(0)
+    own_pid, own_sid = os.getpid(), own_ids()[1]
     found = []
     for stat in list_procs(proc):
         if stat.pid == own_pid or stat.state == "Z":
             continue
-        in_group = pgid is not None and stat.pgid == pgid and stat.sid == own_sid
+        in_group = pgid is not None and stat.pgid == pgid and (own_sid is None or stat.sid == own_sid)
         recent = since_ticks is None or stat.start_ticks >= since_ticks
         if in_group or (marker is not None and recent and environ_has(stat.pid, marker, proc)):
             found.append(stat)

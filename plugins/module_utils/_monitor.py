@@ -35,6 +35,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils._cell_exec impo
     ProcStat,
     environ_has,
     list_procs,
+    own_ids,
     utc_iso,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._cgroup import (
@@ -114,13 +115,14 @@ def _cmdline(pid: int) -> str:
 def run_processes(marker: bytes, since_ticks: Optional[int] = None) -> List[ProcStat]:
     """The run's live processes: the runner's session, and whatever left it but carries the run's marker (only
     processes started since ``since_ticks`` are searched: none of the run's is older than its runner)."""
-    own_sid = os.getsid(0)
+    own_pgid, own_sid = own_ids()
     found = []
     for stat in list_procs():
         if stat.state == "Z":
             continue
         recent = since_ticks is None or stat.start_ticks >= since_ticks
-        if stat.sid == own_sid or (recent and environ_has(stat.pid, marker)):
+        ours = stat.sid == own_sid if own_sid is not None else own_pgid is not None and stat.pgid == own_pgid
+        if ours or (recent and environ_has(stat.pid, marker)):
             found.append(stat)
     return found
 

@@ -43,6 +43,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils._cell_exec impo
     command_argv,
     marker_entry,
     members,
+    own_ids,
     run_attempt,
     stop_processes,
     ticks_now,
@@ -194,9 +195,10 @@ class Runner:
         with open(self._path("spec.json"), "rb") as handle:
             spec_sha256 = hashlib.sha256(handle.read()).hexdigest()
         detach = "tmux" if self.environ.get("RGT_DETACH") == "tmux" else "setsid"
+        pgid, sid = own_ids()
         self.run_record = {
-            "schema": 1, "run": spec.run, "started_at": utc_iso(time.time()), "pgid": os.getpgrp(),
-            "sid": os.getsid(0), "pids": [os.getpid()], "detach": detach, "data_dir": spec.data_dir,
+            "schema": 1, "run": spec.run, "started_at": utc_iso(time.time()), "pgid": pgid,
+            "sid": sid, "pids": [os.getpid()], "detach": detach, "data_dir": spec.data_dir,
             "durable_dir": spec.durable_dir, "workdir": spec.workdir, "cells": self.cells_view,
             "gpus": list(spec.gpus), "gpus_per_cell": spec.gpus_per_cell, "shard": spec.shard, "resumed": resumed,
             "skipped_cells": skipped, "runner_version": RUNNER_VERSION, "spec_sha256": spec_sha256,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -179,3 +180,20 @@ def test_nvml_failing_as_a_whole_is_a_gpu_error_not_a_dead_monitor(tmp_path):
     broken.nvmlDeviceGetCount = no_driver
     sample = monitor(tmp_path, nvml=broken).sample()
     assert sample["gpus"] is None and sample["gpu_error"] == "NVML: NVMLError: Driver Not Loaded"
+
+
+def test_run_processes_with_the_session_leader_outside_the_namespace_counts_only_the_runner_group(monkeypatch):
+    # Every process of an outside session reads session 0: matching on 0 would count the whole box as the run's.
+    outsider = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    member = subprocess.Popen(["sleep", "30"])
+    try:
+        real_stats = _monitor.list_procs()
+        zeroed = [dataclasses.replace(stat, sid=0) if stat.pid == outsider.pid else stat for stat in real_stats]
+        monkeypatch.setattr(_monitor, "list_procs", lambda: zeroed)
+        monkeypatch.setattr(os, "getsid", lambda pid: 0)
+        found = {stat.pid for stat in _monitor.run_processes(b"RGT_RUN_DIR=/nowhere")}
+        assert member.pid in found and os.getpid() in found and outsider.pid not in found
+    finally:
+        for child in (outsider, member):
+            child.kill()
+            child.wait()

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _runner
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._cell_exec import marker_entry, members
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._cell_exec import marker_entry, members, own_ids
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._runner import RUNNER_MODULES, Runner, RunnerLog
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import parse_result, parse_run
 from ansible_collections.remote_gpu.trainer.tests.workload.harness import (
@@ -33,6 +33,17 @@ def run(run_dir: Path, **environ: str) -> int:
     return Runner(str(run_dir), dict(os.environ, **environ)).run()
 
 
+def test_a_runner_whose_session_leader_is_outside_the_pid_namespace_records_no_session(tmp_path, monkeypatch):
+    # The kernel reports such a leader as 0, for this process and for every other process of an outside session.
+    monkeypatch.setattr(os, "getsid", lambda pid: 0)
+    run_dir = make_run(tmp_path, [{"name": "a", "command": train()}], artifacts=["best.pth"])
+    assert run(run_dir) == 0
+    record = json.loads((run_dir / "run.json").read_text())
+    registered = parse_run("sweep", str(run_dir / "run.json"), record)
+    assert record["sid"] is None and registered.sid is None and registered.pgid == own_ids()[0]
+    assert parse_result(results(run_dir)["a"]).counts_as_done() and (run_dir / "DONE").exists()
+
+
 def crash_once(marker: Path, *args):
     """A cell that crashes (a traceback) while ``marker`` exists, removing it: the next attempt succeeds."""
     script = 'if rm "$0" 2>/dev/null; then set -- "$@" --crash; fi; exec "$@"'
@@ -47,7 +58,7 @@ def test_a_run_secures_every_cell_and_ends_with_done(tmp_path):
     assert run(run_dir, RGT_DETACH="tmux") == 0
     record = json.loads((run_dir / "run.json").read_text())
     registered = parse_run("sweep", str(run_dir / "run.json"), record)
-    assert registered.pids == (os.getpid(),) and registered.pgid == os.getpgrp() and registered.sid == os.getsid(0)
+    assert registered.pids == (os.getpid(),) and (registered.pgid, registered.sid) == own_ids()
     assert (record["schema"], record["run"], record["detach"], record["resumed"]) == (1, "sweep", "tmux", False)
     assert [(c["name"], c["gpus"]) for c in record["cells"]] == [("a", None), ("b", None), ("c", None)]
     assert record["cells"][0]["command"] == train(*show)
