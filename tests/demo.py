@@ -4,7 +4,8 @@ Each step is a real ansible-playbook run over SSH against the simulated fleet (t
 whatever happens; the reports stay under --reports. The demo checks its own outcome: each box's verdict in the
 preflight report must be the one its scenario was written for; then a short run (tests/demo_sweep.yml) launched
 on the healthy box must finish on its own, every cell succeeded and its durable copy verified, and the copy's
-files must match MANIFEST.sha256 when hashed again. Else it names what differed and exits 1.
+files must match MANIFEST.sha256 when hashed again; then one patrol tick must report that run done, the container
+box idle and the box whose GPU fell off the bus escalated (re_rent). Else it names what differed and exits 1.
 """
 
 from __future__ import annotations
@@ -39,21 +40,23 @@ DEMO_BOXES = {
     "box-container": DemoBox("container-no-dmesg-orphan-vram.yml", "WARN"),
 }
 PREFLIGHT_EXIT = 2  # preflight's "a host FAILed": box-xid79 has a dead GPU by design
+PATROL_EXIT = 2  # patrol's "a box escalated": the same dead GPU
 LAUNCH_BOX = "box-healthy"
 DEMO_RUN = "demo"  # launch_run in tests/demo_sweep.yml
 DATA_DIR, DURABLE_DIR = "/data", "/durable"  # what the fleet's inventory gives every box
 RUN_WAIT_S = 120
 
 
-def run_playbook(playbook: str, inventory: Path, reports: Path) -> int:
+def run_playbook(playbook: str, inventory: Path, *extra_vars: str) -> int:
+    """ansible-playbook on the fleet, each of ``extra_vars`` passed with -e."""
     argv = [
         str(Path(sys.executable).parent / "ansible-playbook"),
         "-i",
         str(inventory),
         str(REPO / "playbooks" / playbook),
-        "-e",
-        f"preflight_report_dir={reports}",
     ]
+    for extra in extra_vars:
+        argv += ["-e", extra]
     print(f"\n$ ansible-playbook -i {inventory.name} playbooks/{playbook}", flush=True)
     return subprocess.run(argv, cwd=REPO, check=False).returncode
 
@@ -132,6 +135,23 @@ def run_differences(outcome: dict[str, Any] | None) -> list[str]:
     return differences
 
 
+def patrol_differences(reports: Path) -> list[str]:
+    """The tick after the run: the launch box done, the box whose GPU fell off the bus escalated to re-rent."""
+    latest = reports / "patrol-latest.json"
+    if not latest.exists():
+        return ["patrol: no patrol-latest.json was written"]
+    hosts = {entry.get("host"): entry for entry in json.loads(latest.read_text()).get("hosts", [])}
+    differences = []
+    for name, state, escalate in ((LAUNCH_BOX, "done", False), ("box-container", "idle", False)):
+        got = hosts.get(name) or {}
+        if (got.get("state"), got.get("escalate")) != (state, escalate):
+            differences.append(f"patrol: {name} expected {state}, got {got.get('state')} ({got.get('reasons')})")
+    lost = hosts.get("box-xid79") or {}
+    if not lost.get("escalate") or "re_rent" not in (lost.get("actions") or []):
+        differences.append(f"patrol: box-xid79 expected escalated with re_rent, got {lost.get('reasons')}")
+    return differences
+
+
 def ping(inventory: Path) -> int:
     argv = [str(Path(sys.executable).parent / "ansible"), "-i", str(inventory), "fleet", "-m", "ansible.builtin.ping"]
     print(f"\n$ ansible -i {inventory.name} fleet -m ping", flush=True)
@@ -181,9 +201,12 @@ def main() -> int:
     try:
         fleet.up(scenarios, names=list(DEMO_BOXES))
         results = {"ping": ping(fleet.inventory_path)}
-        results["preflight"] = run_playbook("preflight.yml", fleet.inventory_path, args.reports)
+        results["preflight"] = run_playbook(
+            "preflight.yml", fleet.inventory_path, f"preflight_report_dir={args.reports}"
+        )
         results["launch"] = launch(fleet.inventory_path, args.reports)
         run_outcome = wait_for_run(fleet) if results["launch"] == 0 else None
+        results["patrol"] = run_playbook("patrol.yml", fleet.inventory_path, f"patrol_report_dir={args.reports}")
     finally:
         print("\ntearing the fleet down", flush=True)
         fleet.down()
@@ -200,13 +223,17 @@ def main() -> int:
         differences.append(f"launch: expected exit 0, got {results.get('launch')}")
     else:
         differences += run_differences(run_outcome)
+    if results["patrol"] != PATROL_EXIT:
+        differences.append(f"patrol: expected exit {PATROL_EXIT}, got {results['patrol']}")
+    differences += patrol_differences(args.reports)
     if differences:
         print("\nDEMO FAILED: the outcome is not the one the demo boxes were written for:")
         for line in differences:
             print(f"  {line}")
         return 1
     expected = ", ".join(f"{name} {box.status}" for name, box in DEMO_BOXES.items())
-    print(f"every box got its expected verdict: {expected}; run {DEMO_RUN} finished on {LAUNCH_BOX}, copy verified")
+    print(f"every box got its expected verdict: {expected}; run {DEMO_RUN} finished on {LAUNCH_BOX}, copy verified;")
+    print("patrol reported it done and escalated box-xid79's lost GPU")
     return 0
 
 

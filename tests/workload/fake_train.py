@@ -1,7 +1,7 @@
-"""A fake training program, the workload of the runner's unit tests and of Molecule ``launch``.
+"""A fake training program, the workload of the runner's unit tests and of Molecule ``launch`` and ``patrol``.
 
     fake_train.py [--epochs N] [--steps-per-epoch M] [--step-s S] [--out DIR] [--ckpt-kib K]
-                  [--crash | --crash-at-epoch E] [--exit CODE] [--signal-self SIG] [--hang] [--forever]
+                  [--crash | --crash-at-epoch E] [--cuda-oom] [--exit CODE] [--signal-self SIG] [--hang] [--forever]
                   [--ignore-sigterm] [--nan] [--fill-disk [--fill-limit-mib N]]
                   [--fork-children N [--child-s S] [--child-term-delay S]] [--record FILE]
                   [--print-env NAME ...] [--show-env NAME ...]
@@ -9,6 +9,10 @@
 It prints ``epoch i/N step j/M loss x`` lines (the progress patrol reads), writes ``latest.pth`` every epoch and
 ``best.pth`` when the loss improves (random bytes, ``--ckpt-kib`` each) into ``--out`` (alias ``--ckpt``; default
 $RGT_CELL_DIR, else the working directory). Small and fast by default: two epochs of three 10 ms steps.
+
+``--crash`` raises a real exception (a Python traceback) at ``--crash-at-epoch`` (default 1); ``--cuda-oom`` prints,
+at the same point, the traceback PyTorch prints when the CUDA allocator runs out of memory
+(``torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ...``) and exits 1.
 
 ``--print-env`` proves a variable reached the job without writing its value (it may be a secret): it prints the
 first 16 hex digits of its sha256. ``--show-env`` prints the value itself (for CUDA_VISIBLE_DEVICES and the like).
@@ -40,6 +44,7 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--ckpt-kib", type=int, default=4)
     parser.add_argument("--crash", action="store_true", help="a Python traceback at --crash-at-epoch (default 1)")
     parser.add_argument("--crash-at-epoch", type=int, default=None)
+    parser.add_argument("--cuda-oom", action="store_true", help="a CUDA out-of-memory traceback at --crash-at-epoch")
     parser.add_argument("--exit", dest="exit_code", type=int, default=0, help="exit status after training")
     parser.add_argument("--signal-self", type=int, default=None, help="die by this signal after training")
     parser.add_argument("--hang", action="store_true", help="stop printing after the first step and sleep")
@@ -129,6 +134,31 @@ def _fill_disk(directory: str, limit_mib: Optional[int]) -> None:
             written += 1
 
 
+# What PyTorch 2.x prints when the caching allocator cannot satisfy a request (the frames are a typical
+# training script's; the message is torch's own wording).
+CUDA_OOM_TRACEBACK = """Traceback (most recent call last):
+  File "/root/code/train.py", line 214, in <module>
+    main()
+  File "/root/code/train.py", line 189, in main
+    outputs = model(**batch)
+              ^^^^^^^^^^^^^^
+  File "/usr/local/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1532, in _wrapped_call_impl
+    return self._call_impl(*args, **kwargs)
+           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+  File "/usr/local/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1541, in _call_impl
+    return forward_call(*args, **kwargs)
+           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+  File "/root/code/model.py", line 88, in forward
+    attn = torch.softmax(q @ k.transpose(-2, -1) * self.scale, dim=-1)
+                         ~~^~~~~~~~~~~~~~~~~~~~~
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB \
+of which 1.06 GiB is free. Including non-PyTorch memory, this process has 78.03 GiB memory in use. Of the allocated \
+memory 75.12 GiB is allocated by PyTorch, and 1.41 GiB is reserved by PyTorch but unallocated. If reserved but \
+unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  \
+See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)
+"""
+
+
 def _show_environment(args: argparse.Namespace) -> None:
     for name in args.print_env:
         value = os.environ.get(name)
@@ -147,11 +177,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     _record(args.record, "start")
     _show_environment(args)
     _fork_children(args)
-    crash_at = args.crash_at_epoch if args.crash_at_epoch is not None else (1 if args.crash else None)
+    crash_at = args.crash_at_epoch if args.crash_at_epoch is not None else (1 if args.crash or args.cuda_oom else None)
     best = math.inf
     epoch = 0
     while args.forever or epoch < args.epochs:
         epoch += 1
+        if crash_at is not None and epoch >= crash_at and args.cuda_oom:
+            sys.stdout.flush()
+            sys.stderr.write(CUDA_OOM_TRACEBACK)
+            sys.stderr.flush()
+            return 1
         if crash_at is not None and epoch >= crash_at:
             raise RuntimeError(f"fake_train: crashed at epoch {epoch} as asked")
         for step in range(1, args.steps_per_epoch + 1):

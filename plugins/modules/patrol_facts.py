@@ -1,0 +1,382 @@
+#!/usr/bin/python
+# Copyright (c) remote_gpu.trainer contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: patrol_facts
+short_description: One read-only patrol tick of a rented GPU box, its training runs and their cells
+version_added: "0.1.0"
+description:
+  - Gathers, in one call, everything a patrol needs to judge a box and returns the C(patrol_facts) fields of the
+    collection's findings contract under C(ansible_facts.patrol) and as plain keys, with per-run and per-cell detail.
+  - B(Runs.) Every run under C(<data_dir>/runs/) that holds a C(run.json) (or only O(run)). Liveness comes from
+    C(run.json), the runner's process group and session with the start-time guard against PID reuse that
+    M(remote_gpu.trainer.vram_zombies) uses, never from process-name patterns that could match the patrol itself.
+    Cells come from C(spec.json) and each cell's C(result.json).
+  - B(Cell logs.) Each cell's log is read as bytes from where the previous tick stopped (a cursor of inode and
+    offset under C(<run>/.patrol/)), at most O(max_scan_bytes) per log per tick, so a tick's cost does not grow with
+    the log's size. A truncated or rotated log is scanned again from its start. Lines split on newlines and on
+    carriage returns (progress bars), decoded leniently. Crash signatures are counted since the log's start (the
+    cursor keeps the counts and first lines); progress is the last epoch / step marker, from the new bytes or, on
+    a first tick or when behind, from the log's last 64 KiB.
+  - B(Box.) GPU utilization and memory per GPU (NVML, else nvidia-smi), Xids in the kernel log since the newest
+    patrolled run started (the M(remote_gpu.trainer.gpu_health) decoder, so a GPU that falls off the bus escalates
+    with action C(re_rent)), bytes and inodes used on the data directory and the runs' durable directories, and
+    the container's memory from the run's C(monitor.jsonl) (current, limit, peak over the recent samples).
+  - B(Deadlines.) The probes run in three rounds of child processes, each under O(timeout_s), so a hung network
+    mount or a hung driver becomes a reason, never a hung patrol.
+  - B(Decision table), for each run (the box takes the worst, in the order C(unknown), C(crashed), C(incomplete),
+    C(stalled), C(disk_pressure), C(running), C(done), C(idle)).
+  - C(running) - the runner is alive and its cells' logs grew within O(stall_after_s). Not escalated.
+  - C(stalled) - alive, but no log grew for O(stall_after_s), or every GPU was at or below O(gpu_idle_pct)
+    utilization in the newest O(gpu_idle_samples) monitor samples. Escalated, action C(investigate).
+  - NaN or Inf loss in a live run's log - the state stays, escalated with that reason, action C(investigate).
+  - C(done) - not alive, C(DONE) written and every cell done (succeeded and its outputs secured). Not escalated.
+  - C(crashed) - not alive, cells not done, and a crash signature (or exit 137 / SIGKILL) in an unfinished cell's
+    log explains it. Escalated, action C(restart_job); the reasons name the cell, the signature and its line.
+  - C(incomplete) - not alive and cells not done, with nothing in the logs to explain it (the box was
+    restarted, the runner was killed). Escalated, action C(restart_job).
+  - C(disk_pressure) - bytes or inodes used on the data or a durable filesystem at or over
+    O(disk_pressure_pct). Escalated, action C(free_disk).
+  - C(unknown) - the runs directory or a run's C(run.json) could not be read, or a probe did not answer in time.
+    Escalated, action C(investigate).
+  - C(idle) - no run on the box. Not escalated.
+  - Xid findings of level FAIL since the run started escalate whatever the state, with their own action
+    (C(gpu_lost) and hardware Xids C(re_rent)).
+  - Each escalation has a stable id in RV(problems) (C(crashed:<run>), C(stalled:<run>), C(disk_pressure:data),
+    C(gpu_lost:0), ...) that stays the same while the condition lasts, so a controller can notify once per new
+    problem.
+  - Strictly read-only on the runs; it writes only its own cursors, and nothing in check mode.
+  - Needs only the Python standard library; NVML through C(nvidia-ml-py) when the box's Python has it.
+options:
+  data_dir:
+    description:
+      - The box's data directory; runs live in C(<data_dir>/runs/<run>/) (the launch role's layout).
+      - Must be a non-empty path.
+    type: path
+    required: true
+  run:
+    description:
+      - Patrol only this run. Default, every run under C(<data_dir>/runs/).
+      - A run name, letters, digits, C(_), C(.) and C(-), at most 64 characters.
+    type: str
+  durable_dir:
+    description:
+      - Durable directory whose bytes and inodes are measured. Default, each run's C(durable_dir) from C(run.json).
+      - When given, must be a non-empty path.
+    type: path
+  stall_after_s:
+    description:
+      - Seconds without log growth after which a live run is C(stalled), between 1 and 604800 (a week).
+    type: int
+    default: 1800
+  gpu_idle_pct:
+    description:
+      - GPU utilization in percent at or below which a GPU counts as idle, between 0 and 100.
+    type: float
+    default: 5
+  gpu_idle_samples:
+    description:
+      - How many of the newest C(monitor.jsonl) samples must see every GPU idle for a live run to be C(stalled).
+      - Between 0 and 1000; 0 turns the GPU-idle rule off. Samples older than O(stall_after_s) do not count.
+    type: int
+    default: 10
+  disk_pressure_pct:
+    description:
+      - Bytes or inodes used, in percent, at or over which the box is C(disk_pressure), above 0 and at most 100.
+    type: float
+    default: 95
+  gpu_backend:
+    description:
+      - How GPUs are read. V(auto) tries NVML and falls back to C(nvidia-smi); V(nvml) needs C(nvidia-ml-py).
+    type: str
+    choices: [auto, nvml, nvidia-smi]
+    default: auto
+  kernel_log:
+    description:
+      - Read the kernel log (C(dmesg), else C(journalctl -k)) for Xids since the newest run started.
+    type: bool
+    default: true
+  crash_patterns:
+    description:
+      - Extra crash signatures, matched per log line beside the built-in ones.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      name:
+        description:
+          - The signature's name in RV(crash_signatures), lower case C(^[a-z][a-z0-9_]{0,39}$), not a built-in name.
+        type: str
+        required: true
+      regex:
+        description:
+          - A Python regular expression, searched in each line.
+        type: str
+        required: true
+  progress_regex:
+    description:
+      - A Python regular expression for the progress marker, with named groups among C(epoch), C(epochs),
+        C(step) and C(steps) (integers). Default, a built-in one that reads C(epoch 3/20), C(Epoch [3/20]),
+        C(step 120/5000) and their usual spellings.
+    type: str
+  max_scan_bytes:
+    description:
+      - New bytes read per cell log per tick, at most; a log further behind is caught up over the next ticks.
+      - Between 65536 and 1073741824.
+    type: int
+    default: 67108864
+  timeout_s:
+    description:
+      - Deadline of each of the three probe rounds in seconds, above 0 and at most 600.
+    type: float
+    default: 10
+extends_documentation_fragment:
+  - remote_gpu.trainer.attributes
+attributes:
+  check_mode:
+    support: full
+    details: Gathers the same facts; the scan cursors are not saved, so the next tick reads those bytes again.
+notes:
+  - The box is untrusted input. Every number read from its files is checked (NaN, infinities, strings read as
+    unknown); a run directory that is not the layout's is reported, never followed.
+seealso:
+  - module: remote_gpu.trainer.training_run
+  - ref: ansible_collections.remote_gpu.trainer.patrol_role
+    description: The C(remote_gpu.trainer.patrol) role, which runs this module on every box of a tick, reports,
+      notifies and sets the exit code.
+author:
+  - remote_gpu.trainer contributors (@remote-gpu-trainer)
+"""
+
+EXAMPLES = r"""
+- name: Patrol the box
+  remote_gpu.trainer.patrol_facts:
+    data_dir: /root/autodl-tmp
+  register: tick
+
+- name: Say what needs a human
+  ansible.builtin.debug:
+    msg: "{{ tick.reasons }}"
+  when: tick.escalate
+
+- name: Patrol one run, with a stricter stall rule and a signature of the user's own
+  remote_gpu.trainer.patrol_facts:
+    data_dir: /workspace
+    run: sweep-lr
+    stall_after_s: 900
+    crash_patterns:
+      - name: dataloader_died
+        regex: "DataLoader worker \\(pid \\d+\\) is killed"
+"""
+
+RETURN = r"""
+state:
+  description: The box's state, the worst among its runs and probes (see the decision table).
+  returned: always
+  type: str
+  choices: [running, stalled, crashed, incomplete, done, idle, disk_pressure, unknown]
+  sample: running
+escalate:
+  description: Whether a human or automation must act.
+  returned: always
+  type: bool
+  sample: false
+reasons:
+  description: One line per reason behind RV(state) and RV(escalate), and readings that failed.
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - "sweep: the runner is gone with 1 of 3 cells not done (c)"
+    - "sweep/c: cuda_oom (torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB)"
+problems:
+  description: Stable ids of the escalated conditions (C(crashed:<run>), C(stalled:<run>), C(disk_pressure:data), ...).
+  returned: always
+  type: list
+  elements: str
+  sample: ["crashed:sweep"]
+actions:
+  description: What to do, from the findings vocabulary (C(re_rent), C(free_disk), C(restart_job), C(investigate)).
+  returned: always
+  type: list
+  elements: str
+  sample: ["restart_job"]
+run:
+  description: The run the plain keys RV(progress), RV(eta_s) and RV(log_idle_s) describe (the newest live run, else
+    the newest run), or null when there is none.
+  returned: always
+  type: str
+  sample: sweep
+alive:
+  description: Live processes of the patrolled runs (runners and their jobs).
+  returned: always
+  type: int
+  sample: 3
+cells_done:
+  description: Finished cells (succeeded, outputs secured), over every patrolled run.
+  returned: always
+  type: int
+  sample: 2
+cells_total:
+  description: Expected cells, over every patrolled run.
+  returned: always
+  type: int
+  sample: 3
+progress:
+  description:
+    - The last epoch / step marker in the current cell's log, or null. C(epoch), C(epochs_total), C(step),
+      C(steps_total) (integers or null) and C(line), the line they were read from (at most 200 characters).
+  returned: always
+  type: dict
+  sample: {epoch: 3, epochs_total: 20, step: 120, steps_total: 500, line: "epoch 3/20 step 120/500 loss 0.41"}
+eta_s:
+  description: Seconds left, estimated from the progress totals and the run's time so far; null without totals.
+  returned: always
+  type: int
+  sample: 5400
+log_idle_s:
+  description: Seconds since the run's logs last grew, or null.
+  returned: always
+  type: float
+  sample: 12.5
+crash_signatures:
+  description: Signatures found in the cells' logs since they started, with C(signature), C(count) and C(first_line).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - signature: cuda_oom
+      count: 1
+      first_line: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+disk:
+  description: The fullest of RV(disks), C(path), C(bytes_used_pct), C(inodes_used_pct).
+  returned: always
+  type: dict
+  sample: {path: /root/autodl-tmp, bytes_used_pct: 61.2, inodes_used_pct: 3.0}
+disks:
+  description:
+    - Each measured directory, C(name) (C(data) or C(durable)), C(path), C(error) (null, or why it could not be
+      measured), C(bytes_used_pct), C(inodes_used_pct), C(bytes_free), C(inodes_free).
+  returned: always
+  type: list
+  elements: dict
+gpu:
+  description: Per GPU C(index), C(utilization_pct), C(memory_used_mib), C(memory_total_mib) (null where unread).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{index: 0, utilization_pct: 97.0, memory_used_mib: 70211.0, memory_total_mib: 81559.0}]
+gpu_backend:
+  description: C(nvml) or C(nvidia-smi), whichever answered or was tried last; null when the probe hung.
+  returned: always
+  type: str
+  sample: nvml
+gpu_error:
+  description: Why the GPUs could not be read, or null.
+  returned: always
+  type: str
+memory:
+  description:
+    - From the recent C(monitor.jsonl) samples, C(cgroup_current_bytes), C(cgroup_max_bytes) (null when unlimited or
+      unknown) and C(recent_peak_bytes).
+  returned: always
+  type: dict
+  sample: {cgroup_current_bytes: 21474836480, cgroup_max_bytes: 64424509440, recent_peak_bytes: 30064771072}
+xids:
+  description: Kernel-log findings since the newest run started, C(code), C(level), C(message), C(action), C(gpu),
+    C(pci), C(xid).
+  returned: always
+  type: list
+  elements: dict
+runs:
+  description:
+    - Per run C(run), C(state), C(escalate), C(reasons), C(problems), C(actions), C(alive), C(started_at),
+      C(cells_done), C(cells_total), C(progress), C(eta_s), C(log_idle_s), C(current_cell) and C(cells).
+    - Per cell C(name), C(status), C(exit_code), C(signal), C(sync), C(done), C(log_bytes), C(log_error),
+      C(crash_signatures) and C(progress).
+  returned: always
+  type: list
+  elements: dict
+msg:
+  description: One line, C(<state>) with the run, its cells done and the first reason.
+  returned: always
+  type: str
+  sample: "running: run sweep, 1/3 cells done"
+ansible_facts:
+  description: Every key above under C(patrol).
+  returned: always
+  type: dict
+  contains:
+    patrol:
+      description: The same facts as the plain keys.
+      type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _monitor
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._log_scan import compile_progress, compile_signatures
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import Between, NonEmpty, check_options
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._patrol import patrol
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import NAME_PATTERN
+
+ARGUMENT_SPEC = {
+    "data_dir": {"type": "path", "required": True},
+    "run": {"type": "str"},
+    "durable_dir": {"type": "path"},
+    "stall_after_s": {"type": "int", "default": 1800},
+    "gpu_idle_pct": {"type": "float", "default": 5.0},
+    "gpu_idle_samples": {"type": "int", "default": 10},
+    "disk_pressure_pct": {"type": "float", "default": 95.0},
+    "gpu_backend": {"type": "str", "choices": ["auto", "nvml", "nvidia-smi"], "default": "auto"},
+    "kernel_log": {"type": "bool", "default": True},
+    "crash_patterns": {
+        "type": "list",
+        "elements": "dict",
+        "default": [],
+        "options": {"name": {"type": "str", "required": True}, "regex": {"type": "str", "required": True}},
+    },
+    "progress_regex": {"type": "str"},
+    "max_scan_bytes": {"type": "int", "default": 64 * 2**20},
+    "timeout_s": {"type": "float", "default": 10.0},
+}
+# What the argument spec cannot check; the DOCUMENTATION of each option states its rule.
+OPTION_BOUNDS = {
+    "data_dir": NonEmpty(),
+    "durable_dir": NonEmpty(),
+    "stall_after_s": Between(1, 604800),
+    "gpu_idle_pct": Between(0, 100),
+    "gpu_idle_samples": Between(0, 1000),
+    "disk_pressure_pct": Between(0, 100, above_low=True),
+    "max_scan_bytes": Between(65536, 2**30),
+    "timeout_s": Between(0, 600, above_low=True),
+}
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    check_options(module, OPTION_BOUNDS)
+    params = module.params
+    if params["run"] is not None and not NAME_PATTERN.match(params["run"]):
+        module.fail_json(msg=f"run must match {NAME_PATTERN.pattern} (a run name), got {params['run']!r}")
+    if params["gpu_backend"] == "nvml" and _monitor.pynvml is None:
+        module.fail_json(
+            msg=missing_required_lib("nvidia-ml-py", reason="for gpu_backend=nvml (or use gpu_backend=auto)")
+        )
+    try:
+        scanning = {
+            "signatures": compile_signatures(params["crash_patterns"]),
+            "progress": compile_progress(params["progress_regex"]),
+            "max_bytes": params["max_scan_bytes"],
+        }
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
+    facts = patrol(params, scanning, module.check_mode)
+    module.exit_json(changed=False, ansible_facts={"patrol": facts}, **facts)
+
+
+if __name__ == "__main__":
+    main()
