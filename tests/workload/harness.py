@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -91,3 +92,14 @@ def alive(pid: int) -> bool:
             return handle.read().rpartition(")")[2].split()[0] != "Z"
     except OSError:
         return False
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (a runner started by ``start_runner`` and all its cells)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == sid:
+                    os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass  # gone already

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any, Dict, List
@@ -13,7 +12,13 @@ import pytest
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _patrol, _patrol_gpus
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._log_scan import compile_progress, compile_signatures
-from ansible_collections.remote_gpu.trainer.tests.workload.harness import make_run, start_runner, train, wait_for
+from ansible_collections.remote_gpu.trainer.tests.workload.harness import (
+    kill_session,
+    make_run,
+    start_runner,
+    train,
+    wait_for,
+)
 
 SCANNING = {"signatures": compile_signatures([]), "progress": compile_progress(None), "max_bytes": 2**20}
 
@@ -55,7 +60,8 @@ def files_of(run_dir: Path) -> Dict[str, Any]:
 
 
 def stop(process) -> None:
-    os.killpg(process.pid, signal.SIGKILL)
+    """SIGKILL the runner's whole session: its cells run in process groups of their own."""
+    kill_session(process.pid)
     process.wait(timeout=10)
 
 

@@ -13,7 +13,13 @@ from build import environment
 
 from ansible_collections.remote_gpu.trainer.plugins.modules import patrol_facts
 from ansible_collections.remote_gpu.trainer.tests.testpaths import REPO
-from ansible_collections.remote_gpu.trainer.tests.workload.harness import make_run, start_runner, train, wait_for
+from ansible_collections.remote_gpu.trainer.tests.workload.harness import (
+    kill_session,
+    make_run,
+    start_runner,
+    train,
+    wait_for,
+)
 
 COLLECTIONS = REPO / ".build" / "collections"
 SCENARIOS = REPO / "tests" / "scenarios"
@@ -123,7 +129,7 @@ def test_a_live_run_on_a_busy_simulated_gpu_is_running_with_its_utilization(tmp_
         )
         assert [(g["index"], g["utilization_pct"], g["memory_total_mib"]) for g in facts["gpu"]] == [(0, 87.0, 81559.0)]
     finally:
-        os.killpg(process.pid, 9)
+        kill_session(process.pid)
         process.wait(timeout=10)
 
 
