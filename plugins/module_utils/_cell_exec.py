@@ -199,6 +199,11 @@ def _send(pgid: Optional[int], procs: Sequence[ProcStat], signum: int) -> None:
     targets = [p.pid for p in procs if pgid is None or p.pgid != pgid]
     if pgid is not None and any(p.pgid == pgid for p in procs):
         targets.insert(0, -pgid)
+    deliver(targets, signum)
+
+
+def deliver(targets: Sequence[int], signum: int) -> None:
+    """``signum`` to each target: a pid, or a process group as its negated pgid; one already gone is skipped."""
     for target in targets:
         try:
             if target < 0:

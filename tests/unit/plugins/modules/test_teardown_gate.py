@@ -1,0 +1,76 @@
+"""teardown_gate and copy_verify through their argument specs, on a run the real runner finished."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.remote_gpu.trainer.plugins.modules import copy_verify, teardown_gate
+from ansible_collections.remote_gpu.trainer.tests.workload.harness import make_run, start_runner, train
+
+
+@pytest.fixture(scope="module")
+def box(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("box")
+    run_dir = make_run(root, [{"name": "a", "command": train()}], artifacts=["best.pth"])
+    assert start_runner(run_dir).wait(timeout=60) == 0
+    return root
+
+
+def args(root: Path, **more):
+    return {"run": "sweep", "data_dir": str(root / "data"), "durable_dir": str(root / "durable"), **more}
+
+
+def test_the_gate_passes_changes_nothing_and_says_so(run_module, box):
+    before = sorted((p, p.stat().st_mtime_ns) for p in box.rglob("*"))
+    code, result = run_module(teardown_gate, args(box), check_mode=True)
+    assert (code, result["changed"], result["passed"], result["msg"]) == (0, False, True, "gate passed")
+    assert sorted((p, p.stat().st_mtime_ns) for p in box.rglob("*")) == before
+
+
+def test_a_refused_gate_is_not_a_module_failure_and_names_the_step(run_module, box):
+    code, result = run_module(teardown_gate, args(box, run="other"))
+    assert code == 0 and result.get("failed") is not True
+    assert result["msg"].startswith("run_alive: run other not found")
+
+
+@pytest.mark.parametrize(
+    ("more", "message"),
+    [
+        ({"verify_timeout_s": 0}, "verify_timeout_s"),
+        ({"run": "a/b"}, "run"),
+        ({"data_dir": "relative"}, "data_dir must be an absolute path"),
+        ({"durable_dir": ""}, "durable_dir"),
+    ],
+)
+def test_bad_options_fail_with_one_line_naming_them(run_module, box, more, message):
+    code, result = run_module(teardown_gate, args(box, **more))
+    assert code == 1 and result["failed"]
+    assert message in result["msg"] and "\n" not in result["msg"]
+
+
+def test_copy_verify_checks_a_copy_against_the_gate_s_digests(run_module, box):
+    gate = run_module(teardown_gate, args(box))[1]
+    durable_run = box / "durable" / "runs" / "sweep"
+    code, result = run_module(copy_verify, {"path": str(durable_run), "expected": gate["artifacts"]})
+    assert (code, result["passed"], result["files"]) == (0, True, 1)
+    target = durable_run / "cells" / "a" / "best.pth"
+    original = target.read_bytes()
+    try:
+        target.write_bytes(original[:-1])
+        broken = run_module(copy_verify, {"path": str(durable_run), "expected": gate["artifacts"]})[1]
+        assert broken["passed"] is False
+        assert broken["msg"] == broken["reason"] and "cells/a/best.pth" in broken["msg"]
+    finally:
+        target.write_bytes(original)
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == gate["artifacts"][0]["sha256"]
+    assert os.path.getsize(target) == gate["artifacts"][0]["size"]
+
+
+def test_copy_verify_refuses_a_bad_expected_entry_in_one_line(run_module, box):
+    code, result = run_module(copy_verify, {"path": str(box), "expected": [{"path": "../x", "size": 1}]})
+    assert code == 1
+    assert result["msg"].startswith("expected: expected[0].") and "\n" not in result["msg"]
