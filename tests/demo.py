@@ -5,7 +5,12 @@ whatever happens; the reports stay under --reports. The demo checks its own outc
 preflight report must be the one its scenario was written for; then a short run (tests/demo_sweep.yml) launched
 on the healthy box must finish on its own, every cell succeeded and its durable copy verified, and the copy's
 files must match MANIFEST.sha256 when hashed again; then one patrol tick must report that run done, the container
-box idle and the box whose GPU fell off the bus escalated (re_rent). Else it names what differed and exits 1.
+box idle and the box whose GPU fell off the bus escalated (re_rent); then a teardown of that finished run without
+confirmation must be refused (UNCONFIRMED, nothing removed, the provider never called) and one with
+``confirm_teardown`` accepted (TORN_DOWN: the copy pulled to the controller and verified, the box's scratch removed,
+the durable copy kept, the pod stopped). For the teardown the healthy box is a RunPod pod: an inventory overlay
+gives it the repo's platform profiles (inventories/group_vars) and a pod id, and a fake ``runpodctl``
+(tests/workload/fake_provider.py) is first on the playbook's PATH. Else it names what differed and exits 1.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -24,6 +30,7 @@ from typing import Any, Mapping
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "fleet"))
 
+import fleet_procs  # noqa: E402
 from fleet import Fleet  # noqa: E402  (tests/fleet is not a package)
 
 
@@ -45,6 +52,17 @@ LAUNCH_BOX = "box-healthy"
 DEMO_RUN = "demo"  # launch_run in tests/demo_sweep.yml
 DATA_DIR, DURABLE_DIR = "/data", "/durable"  # what the fleet's inventory gives every box
 RUN_WAIT_S = 120
+TEARDOWN_EXIT = {"refused": 2, "accepted": 0}  # UNCONFIRMED counts as refused; TORN_DOWN is exit 0
+TEARDOWN_STATUS = {"refused": "UNCONFIRMED", "accepted": "TORN_DOWN"}
+DEMO_POD = "dm4h100healthy"  # the fake RunPod pod id of the launch box
+FAKE_PROVIDER = REPO / "tests" / "workload" / "fake_provider.py"
+# Run on the controller copy of each artifact: a real run would torch.load(path, weights_only=True) here.
+LOAD_CHECK = [
+    "python3",
+    "-c",
+    "import sys; data = open(sys.argv[1], 'rb').read(); sys.exit(0 if data else 'empty checkpoint')",
+    "{{ artifact }}",
+]
 
 
 def run_playbook(playbook: str, inventory: Path, *extra_vars: str) -> int:
@@ -152,6 +170,110 @@ def patrol_differences(reports: Path) -> list[str]:
     return differences
 
 
+@dataclass(frozen=True)
+class TeardownSetup:
+    overlay: Path  # the second inventory: platform groups, the repo's profiles, the pod id
+    pulled: Path  # teardown_pull_to: the controller copy lands in pulled/<host>/<run>/
+    calls: Path  # every call of the fake provider CLI, one JSON line each
+    env: dict[str, str]  # the playbook's environment: the fake CLI first on PATH
+
+
+def teardown_setup(state_dir: Path) -> TeardownSetup:
+    """The launch box as a RunPod pod (an inventory overlay) and a fake runpodctl that has it running."""
+    root = state_dir.resolve() / "teardown"  # absolute: the fake CLI's bin dir goes on PATH
+    shutil.rmtree(root, ignore_errors=True)
+    overlay, pulled, provider = root / "inventory", root / "pulled", root / "provider"
+    for directory in (overlay / "group_vars", overlay / "host_vars", pulled):
+        directory.mkdir(parents=True)
+    for profile in sorted((REPO / "inventories" / "group_vars").glob("*.yml")):
+        shutil.copy(profile, overlay / "group_vars" / profile.name)
+    # JSON is YAML: the fleet inventory's data_dir and durable_dir (host vars) win over the profile's directories.
+    (overlay / "hosts.yml").write_text(json.dumps({"all": {"children": {"runpod": {"hosts": {LAUNCH_BOX: None}}}}}))
+    host_vars = {
+        "instance_id": DEMO_POD,
+        "teardown_pull_to": str(pulled),
+        "teardown_load_verify_on": "controller",
+        "teardown_load_verify_cmd": LOAD_CHECK,
+        "teardown_meter_stop_poll_interval_s": 1,
+    }
+    (overlay / "host_vars" / f"{LAUNCH_BOX}.yml").write_text(json.dumps(host_vars, indent=2) + "\n")
+    state, calls = provider / "state.json", provider / "calls.jsonl"
+    subprocess.run([sys.executable, str(FAKE_PROVIDER), "install", str(provider / "bin")], check=True)
+    subprocess.run([sys.executable, str(FAKE_PROVIDER), "add", "--state", str(state), DEMO_POD], check=True)
+    env = dict(os.environ, FAKE_PROVIDER_STATE=str(state), FAKE_PROVIDER_CALLS=str(calls))
+    env["PATH"] = f"{provider / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+    return TeardownSetup(overlay, pulled, calls, env)
+
+
+def provider_calls(setup: TeardownSetup) -> list[str]:
+    """Every call the fake provider CLI got so far, each as a command line."""
+    if not setup.calls.exists():
+        return []
+    return [shlex.join(json.loads(line)["argv"]) for line in setup.calls.read_text().splitlines() if line.strip()]
+
+
+def teardown(fleet: Fleet, setup: TeardownSetup, reports: Path, confirm: bool) -> dict[str, Any]:
+    """playbooks/teardown.yml of the demo run on the launch box; its exit code, report entry and what it left."""
+    extra = [f"teardown_run={DEMO_RUN}", f"teardown_hosts={LAUNCH_BOX}", f"teardown_report_dir={reports}"]
+    extra += [f"confirm_teardown={LAUNCH_BOX}"] if confirm else []
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(fleet.inventory_path)]
+    argv += ["-i", str(setup.overlay), str(REPO / "playbooks" / "teardown.yml")]
+    shown = " ".join(f"-e {value}" for value in extra if not value.startswith("teardown_report_dir="))
+    overlay = setup.overlay.relative_to(REPO) if setup.overlay.is_relative_to(REPO) else setup.overlay
+    print(f"\n$ ansible-playbook -i {fleet.inventory_path.name} -i {overlay} playbooks/teardown.yml {shown}")
+    fleet_procs.stop_ssh_clients(str(fleet.control_dir))  # the earlier steps' SSH masters expire mid-run otherwise
+    before = {path: path.stat().st_mtime for path in reports.glob("teardown-*.json")}
+    for value in extra:
+        argv += ["-e", value]
+    sys.stdout.flush()
+    rc = subprocess.run(argv, cwd=REPO, env=setup.env, check=False).returncode
+    fresh = [path for path in reports.glob("teardown-*.json") if before.get(path) != path.stat().st_mtime]
+    report = json.loads(max(fresh, key=lambda path: path.stat().st_mtime).read_text()) if fresh else {}
+    entry = next((host for host in report.get("hosts", []) if host.get("host") == LAUNCH_BOX), None)
+    kept = {"scratch": f"{DATA_DIR}/runs/{DEMO_RUN}", "durable": f"{DURABLE_DIR}/runs/{DEMO_RUN}/MANIFEST.sha256"}
+    outcome: dict[str, Any] = {"rc": rc, "entry": entry, "calls": provider_calls(setup)}
+    for name, path in kept.items():  # whether the path is still on the box
+        outcome[name] = fleet.ssh(LAUNCH_BOX, ["test", "-e", path]).returncode == 0
+    return outcome
+
+
+def run_teardowns(fleet: Fleet, state_dir: Path, reports: Path) -> tuple[TeardownSetup, dict[str, dict[str, Any]]]:
+    """The demo run's teardown without confirmation (refused), then with it (accepted)."""
+    setup = teardown_setup(state_dir)
+    return setup, {step: teardown(fleet, setup, reports, confirm=step == "accepted") for step in TEARDOWN_EXIT}
+
+
+def teardown_differences(outcomes: dict[str, dict[str, Any]], setup: TeardownSetup | None) -> list[str]:
+    """The refused teardown removed and called nothing; the accepted one pulled, removed scratch, stopped the pod."""
+    if not outcomes:
+        return [f"teardown: not run (run {DEMO_RUN} did not finish)"]
+    differences = []
+    for step, outcome in outcomes.items():
+        entry = outcome["entry"] or {}
+        got = f"exit {outcome['rc']} and {entry.get('status')} ({entry.get('reason')})"
+        if outcome["rc"] != TEARDOWN_EXIT[step] or entry.get("status") != TEARDOWN_STATUS[step]:
+            differences.append(
+                f"teardown ({step}): expected exit {TEARDOWN_EXIT[step]} and {TEARDOWN_STATUS[step]}, {got}"
+            )
+        if not outcome["durable"]:
+            differences.append(f"teardown ({step}): the durable copy's MANIFEST.sha256 is gone")
+    refused, accepted = outcomes.get("refused"), outcomes.get("accepted")
+    if refused is not None and (not refused["scratch"] or refused["calls"]):
+        differences.append(f"teardown (refused): scratch kept {refused['scratch']}, provider calls {refused['calls']}")
+    if accepted is not None and setup is not None:
+        stop = shlex.join(["runpodctl", "pod", "stop", DEMO_POD])
+        stops = [call for call in accepted["calls"] if call == stop]
+        final = ((accepted["entry"] or {}).get("meter_stop") or {}).get("final_state")
+        pulled = sorted((setup.pulled / LAUNCH_BOX / DEMO_RUN).rglob("best.pth"))
+        if accepted["scratch"]:
+            differences.append(f"teardown (accepted): {DATA_DIR}/runs/{DEMO_RUN} is still on {LAUNCH_BOX}")
+        if len(stops) != 1 or final != "EXITED":
+            differences.append(f"teardown (accepted): {len(stops)} `{stop}` calls (one expected), final state {final}")
+        if not pulled:
+            differences.append(f"teardown (accepted): no best.pth in the controller copy {setup.pulled}")
+    return differences
+
+
 def ping(inventory: Path) -> int:
     argv = [str(Path(sys.executable).parent / "ansible"), "-i", str(inventory), "fleet", "-m", "ansible.builtin.ping"]
     print(f"\n$ ansible -i {inventory.name} fleet -m ping", flush=True)
@@ -198,6 +320,8 @@ def main() -> int:
     scenarios = [REPO / "tests" / "scenarios" / box.scenario for box in DEMO_BOXES.values()]
     print(f"bringing up {len(scenarios)} simulated boxes: {', '.join(DEMO_BOXES)}", flush=True)
     started = time.time() - 1  # report names and mtimes have whole seconds
+    teardowns: dict[str, dict[str, Any]] = {}
+    teardown_env: TeardownSetup | None = None
     try:
         fleet.up(scenarios, names=list(DEMO_BOXES))
         results = {"ping": ping(fleet.inventory_path)}
@@ -207,6 +331,9 @@ def main() -> int:
         results["launch"] = launch(fleet.inventory_path, args.reports)
         run_outcome = wait_for_run(fleet) if results["launch"] == 0 else None
         results["patrol"] = run_playbook("patrol.yml", fleet.inventory_path, f"patrol_report_dir={args.reports}")
+        if run_outcome is not None and "error" not in run_outcome:
+            teardown_env, teardowns = run_teardowns(fleet, args.state_dir, args.reports)
+            results.update({f"teardown ({step})": outcome["rc"] for step, outcome in teardowns.items()})
     finally:
         print("\ntearing the fleet down", flush=True)
         fleet.down()
@@ -226,6 +353,7 @@ def main() -> int:
     if results["patrol"] != PATROL_EXIT:
         differences.append(f"patrol: expected exit {PATROL_EXIT}, got {results['patrol']}")
     differences += patrol_differences(args.reports)
+    differences += teardown_differences(teardowns, teardown_env)
     if differences:
         print("\nDEMO FAILED: the outcome is not the one the demo boxes were written for:")
         for line in differences:
@@ -233,7 +361,10 @@ def main() -> int:
         return 1
     expected = ", ".join(f"{name} {box.status}" for name, box in DEMO_BOXES.items())
     print(f"every box got its expected verdict: {expected}; run {DEMO_RUN} finished on {LAUNCH_BOX}, copy verified;")
-    print("patrol reported it done and escalated box-xid79's lost GPU")
+    print("patrol reported it done and escalated box-xid79's lost GPU; the run's teardown was refused without")
+    print(
+        f"confirmation, then accepted: copy pulled and verified, scratch removed, durable copy kept, {DEMO_POD} stopped"
+    )
     return 0
 
 

@@ -7,9 +7,11 @@ Documented per filter in the YAML files next to this one (``ansible-doc -t filte
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
 
 from ansible.errors import AnsibleFilterError
+from ansible.utils.display import Display
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import worst_status as _worst_of_levels
 
@@ -22,6 +24,24 @@ EXIT_FAILED = 2
 EXIT_UNREACHABLE = 4
 # Not an exit code ansible-playbook uses itself (0, 1, 2, 4, 5, 99, 250), so it cannot be mistaken for a verdict.
 EXIT_REPORT_NOT_WRITTEN = 3
+
+
+def hosts_or_exit(hosts: str, exit_code: Any, *, playbook: str, nothing_worse: str) -> str:
+    """``hosts`` unchanged when the exit code is 0 or 2 (the last play then fails the boxes that set 2), else end
+    ansible-playbook at once: 4 (unreachable boxes, ``nothing_worse``) or 3 (the report was not written; also for
+    a code that is not a number). For a last play's ``hosts:``, which ansible-playbook templates in its own process.
+    """
+    try:
+        code = int(exit_code)
+    except (TypeError, ValueError):
+        code = EXIT_REPORT_NOT_WRITTEN
+    if code in (EXIT_OK, EXIT_FAILED):
+        return hosts
+    if code == EXIT_UNREACHABLE:
+        Display().warning(f"{playbook}: unreachable boxes and {nothing_worse}; exit code {EXIT_UNREACHABLE}")
+        sys.exit(EXIT_UNREACHABLE)
+    Display().error(f"the {playbook} report could not be written; exit code {EXIT_REPORT_NOT_WRITTEN}")
+    sys.exit(EXIT_REPORT_NOT_WRITTEN)
 
 
 def worst_status(items: Iterable[Any]) -> str:

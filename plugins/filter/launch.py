@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import math
 import re
-import shlex
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _rsync_argv as rsync
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import NAME_PATTERN
 
 ENV_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
 SECRET_SOURCES = ("env", "file")
-# A path the rsync destination may name: the remote shell of an older rsync splits it, so nothing it would interpret.
-SAFE_REMOTE_PATH = re.compile(r"\A/[A-Za-z0-9_.+@%=,/-]*\Z")
-SSH_CONNECTIONS = ("ssh", "paramiko", "paramiko_ssh", "ansible.builtin.ssh", "ansible.builtin.paramiko_ssh")
-LOCAL_CONNECTIONS = ("local", "ansible.builtin.local")
 # Keys of a sweep cell the module reads; every other key is for the command template only.
 CELL_MODULE_KEYS = ("timeout_s", "retries")
 
@@ -133,31 +129,6 @@ def launch_module_cell(cell: Mapping[str, Any], argv: List[str], checkpoint_dir:
     return entry
 
 
-def _rsync_quote(argument: str) -> str:
-    """One argument of rsync's ``-e`` command: rsync splits it on spaces and honours quotes, not backslashes."""
-    if argument and not re.search(r"[\s'\"]", argument):
-        return argument
-    if "'" not in argument:
-        return f"'{argument}'"
-    if '"' not in argument:
-        return f'"{argument}"'
-    raise AnsibleFilterError(f"launch_rsync_argv: an SSH option holds both quote characters: {argument!r}")
-
-
-def _ssh_command(connection: Mapping[str, Any]) -> str:
-    argv = ["ssh", "-o", "BatchMode=yes"]
-    if connection.get("port"):
-        argv += ["-p", str(connection["port"])]
-    if connection.get("private_key_file"):
-        argv += ["-i", str(connection["private_key_file"])]
-    for key in ("common_args", "extra_args"):
-        try:
-            argv += shlex.split(str(connection.get(key) or ""))
-        except ValueError as error:
-            raise AnsibleFilterError(f"launch_rsync_argv: ansible_ssh_{key} cannot be split: {error}") from None
-    return " ".join(_rsync_quote(argument) for argument in argv)
-
-
 def launch_rsync_argv(
     connection: Mapping[str, Any],
     src: str,
@@ -173,26 +144,21 @@ def launch_rsync_argv(
     ``private_key_file``, ``common_args``, ``extra_args``. Delta transfers and rsync's size-and-mtime check (no
     ``--checksum``); ``--itemize-changes`` lists what was (or, with ``dry_run``, would be) sent.
     """
-    if not SAFE_REMOTE_PATH.match(str(dest)):
-        raise AnsibleFilterError(f"launch_rsync_argv: the code destination {dest!r} must be an absolute, plain path")
     argv = ["rsync", "--recursive", "--links", "--perms", "--times", "--compress", "--itemize-changes"]
     argv += [f"--exclude={pattern}" for pattern in excludes or []]
     if delete:
         argv.append("--delete")
     if dry_run:
         argv.append("--dry-run")
-    kind = str(connection.get("connection") or "ssh")
     source = str(src).rstrip("/") + "/"
-    if kind in LOCAL_CONNECTIONS:
-        return [*argv, source, f"{dest}/"]
-    if kind not in SSH_CONNECTIONS:
-        raise AnsibleFilterError(f"launch_rsync_argv: cannot rsync over connection {kind!r} (ssh or local only)")
-    address = str(connection.get("host") or "")
-    if not address:
-        raise AnsibleFilterError("launch_rsync_argv: the host has no address")
-    address = f"[{address}]" if ":" in address else address
-    user = f"{connection['user']}@" if connection.get("user") else ""
-    return [*argv, "-e", _ssh_command(connection), source, f"{user}{address}:{dest}/"]
+    try:
+        if not rsync.SAFE_REMOTE_PATH.match(str(dest)):
+            raise rsync.RsyncArgvError(f"the code destination {dest!r} must be an absolute, plain path")
+        if rsync.is_local(connection):
+            return [*argv, source, f"{dest}/"]
+        return [*argv, "-e", rsync.ssh_command(connection), source, rsync.remote_spec(connection, f"{dest}/")]
+    except rsync.RsyncArgvError as error:
+        raise AnsibleFilterError(f"launch_rsync_argv: {error}") from None
 
 
 def launch_rsync_changes(output: Any) -> Dict[str, Any]:

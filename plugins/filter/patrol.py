@@ -13,17 +13,16 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ansible.errors import AnsibleFilterError
-from ansible.utils.display import Display
 
 from ansible_collections.remote_gpu.trainer.plugins.filter.fleet import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_REPORT_NOT_WRITTEN,
     EXIT_UNREACHABLE,
+    hosts_or_exit,
 )
 
 # Worst first, as patrol_facts orders them; "unreachable" is the controller's own state for a host that never
@@ -482,17 +481,7 @@ def patrol_exit(hosts: str, exit_code: Any) -> str:
 
     Meant for the last play's ``hosts:``, which ansible-playbook templates in its own process.
     """
-    try:
-        code = int(exit_code)
-    except (TypeError, ValueError):
-        code = EXIT_REPORT_NOT_WRITTEN
-    if code in (EXIT_OK, EXIT_FAILED):
-        return hosts
-    if code == EXIT_UNREACHABLE:
-        Display().warning(f"patrol: unreachable boxes and nothing escalated; exit code {EXIT_UNREACHABLE}")
-        sys.exit(EXIT_UNREACHABLE)
-    Display().error(f"the patrol report could not be written; exit code {EXIT_REPORT_NOT_WRITTEN}")
-    sys.exit(EXIT_REPORT_NOT_WRITTEN)
+    return hosts_or_exit(hosts, exit_code, playbook="patrol", nothing_worse="nothing escalated")
 
 
 # ---- notifications -------------------------------------------------------------------------------------------

@@ -1,0 +1,103 @@
+"""rsync over the host's SSH settings, shared by launch (push) and teardown (pull): quoting, the -e command, the
+remote end's address, and the redaction of an argv for a report."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _rsync_argv as rsync
+
+HOST = {
+    "connection": "ssh",
+    "host": "203.0.113.7",
+    "port": 41022,
+    "user": "root",
+    "private_key_file": "/home/me/.ssh/runpod key",
+    "common_args": '-o "ProxyCommand=ssh -W %h:%p jump" -o ServerAliveInterval=15',
+    "extra_args": "-o ControlPath=/tmp/cp/%C",
+}
+
+
+@pytest.mark.parametrize(
+    ("argument", "quoted"),
+    [
+        ("BatchMode=yes", "BatchMode=yes"),
+        ("a b", "'a b'"),
+        ("it's", '"it\'s"'),
+        ('say "hi"', "'say \"hi\"'"),
+        ("", "''"),
+    ],
+)
+def test_quote_as_rsync_splits(argument, quoted):
+    assert rsync.rsync_quote(argument) == quoted
+    assert shlex.split(quoted) == [argument]
+
+
+def test_quote_refuses_both_quote_characters():
+    with pytest.raises(rsync.RsyncArgvError, match="both quote characters"):
+        rsync.rsync_quote('it\'s "x"')
+
+
+def test_ssh_command_carries_every_connection_setting():
+    command = rsync.ssh_command(HOST)
+    assert shlex.split(command) == [
+        "ssh",
+        "-o",
+        "BatchMode=yes",
+        "-p",
+        "41022",
+        "-i",
+        "/home/me/.ssh/runpod key",
+        "-o",
+        "ProxyCommand=ssh -W %h:%p jump",
+        "-o",
+        "ServerAliveInterval=15",
+        "-o",
+        "ControlPath=/tmp/cp/%C",
+    ]
+    assert rsync.ssh_argv({"host": "h"}) == ["ssh", "-o", "BatchMode=yes"]
+    with pytest.raises(rsync.RsyncArgvError, match="ansible_ssh_extra_args cannot be split"):
+        rsync.ssh_argv({"extra_args": '-o "open'})
+
+
+def test_connection_kinds():
+    assert rsync.is_local({"connection": "local"}) and rsync.is_local({"connection": "ansible.builtin.local"})
+    assert not rsync.is_local({}) and not rsync.is_local({"connection": "paramiko"})
+    with pytest.raises(rsync.RsyncArgvError, match="cannot rsync over connection 'winrm'"):
+        rsync.is_local({"connection": "winrm"})
+
+
+def test_remote_spec():
+    assert rsync.remote_spec(HOST, "/durable/runs/r/") == "root@203.0.113.7:/durable/runs/r/"
+    assert rsync.remote_spec({"host": "fd00::1"}, "/d") == "[fd00::1]:/d"
+    with pytest.raises(rsync.RsyncArgvError, match="the host has no address"):
+        rsync.remote_spec({"host": ""}, "/d")
+    for path in ("d", "/d e", "/d;rm", "/$(x)", "/d`x`", "/d\nx"):
+        with pytest.raises(rsync.RsyncArgvError, match="absolute, plain path"):
+            rsync.remote_spec(HOST, path, "durable directory")
+
+
+def test_redact_argv_keeps_the_command_and_drops_credentials():
+    argv = [
+        "rsync",
+        "--recursive",
+        "-e",
+        "ssh -o BatchMode=yes -i /k -o 'ProxyCommand=sshpass -p hunter2 ssh jump' -o SetEnv=HF_TOKEN=hf_abc "
+        "-o PasswordAuthentication=no -o ControlPath=/cp/%C",
+        "root@h:/d/",
+        "https://user:pw@example.com/x",
+    ]
+    redacted = rsync.redact_argv(argv)
+    text = " ".join(redacted)
+    assert "hunter2" not in text and "hf_abc" not in text and "pw@" not in text
+    ssh = shlex.split(redacted[3])
+    assert (
+        "ProxyCommand=<redacted>" in ssh and "SetEnv=<redacted>" in ssh and "PasswordAuthentication=<redacted>" in ssh
+    )
+    assert "ControlPath=/cp/%C" in ssh and "/k" in ssh and "BatchMode=yes" in ssh
+    assert redacted[-1] == "https://<redacted>@example.com/x"
+    assert redacted[:3] == ["rsync", "--recursive", "-e"] and redacted[4] == "root@h:/d/"
+    assert rsync.redact_argv(["rsync", "-e", "ssh -o 'open"]) == ["rsync", "-e", "<redacted>"]
+    assert rsync.redact_argv([]) == []
