@@ -45,3 +45,48 @@ def test_only_a_report_of_this_run_counts(tmp_path: Path) -> None:
     (tmp_path / "preflight-20000101T000000Z.json").write_text(json.dumps({"hosts": []}))
     assert demo.newest_report(tmp_path, since=time.time() + 5) is None
     assert demo.newest_report(tmp_path, since=0) == {"hosts": []}
+
+
+def teardown_outcomes(tmp_path: Path) -> tuple[demo.TeardownSetup, dict[str, dict[str, Any]]]:
+    """What a demo whose two teardowns went as they should leaves: the refused one touched nothing."""
+    setup = demo.TeardownSetup(overlay=tmp_path, pulled=tmp_path / "pulled", calls=tmp_path / "calls", env={})
+    copy = setup.pulled / demo.LAUNCH_BOX / demo.DEMO_RUN / "cells" / "a"
+    copy.mkdir(parents=True)
+    (copy / "best.pth").write_bytes(b"x")
+    get = f"runpodctl pod get {demo.DEMO_POD}"
+    refused = {"rc": 2, "entry": {"status": "UNCONFIRMED"}, "calls": [], "scratch": True, "durable": True}
+    accepted = {
+        "rc": 0,
+        "entry": {"status": "TORN_DOWN", "meter_stop": {"final_state": "EXITED"}},
+        "calls": [get, f"runpodctl pod stop {demo.DEMO_POD}", get],
+        "scratch": False,
+        "durable": True,
+    }
+    return setup, {"refused": refused, "accepted": accepted}
+
+
+def test_two_teardowns_as_expected_pass(tmp_path: Path) -> None:
+    setup, outcomes = teardown_outcomes(tmp_path)
+    assert demo.teardown_differences(outcomes, setup) == []
+
+
+def test_a_refused_teardown_that_deleted_or_called_anything_is_a_difference(tmp_path: Path) -> None:
+    setup, outcomes = teardown_outcomes(tmp_path)
+    outcomes["refused"].update(scratch=False, calls=[f"runpodctl pod stop {demo.DEMO_POD}"])
+    assert demo.teardown_differences(outcomes, setup) == [
+        f"teardown (refused): scratch kept False, provider calls ['runpodctl pod stop {demo.DEMO_POD}']"
+    ]
+
+
+def test_an_accepted_teardown_that_stopped_twice_or_lost_the_durable_copy_is_a_difference(tmp_path: Path) -> None:
+    setup, outcomes = teardown_outcomes(tmp_path)
+    accepted = outcomes["accepted"]
+    accepted["calls"] = accepted["calls"] + [f"runpodctl pod stop {demo.DEMO_POD}"]
+    accepted["durable"] = False
+    differences = demo.teardown_differences(outcomes, setup)
+    assert "teardown (accepted): the durable copy's MANIFEST.sha256 is gone" in differences
+    assert any(line.startswith("teardown (accepted): 2 `runpodctl pod stop") for line in differences)
+
+
+def test_a_teardown_that_never_ran_is_a_difference() -> None:
+    assert demo.teardown_differences({}, None) == [f"teardown: not run (run {demo.DEMO_RUN} did not finish)"]
