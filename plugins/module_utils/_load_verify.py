@@ -53,8 +53,11 @@ def session_members(sid: int) -> List[int]:
 
 
 def _signal_session(sid: int, signum: int) -> None:
-    """``signum`` to the session's process group, and to each member that left that group."""
-    deliver([-sid, *session_members(sid)], signum)
+    """``signum`` to the session's process group, and to each member that left that group: once per process, since
+    a second SIGTERM can end a check's own handler halfway (it then dies of the signal instead of exiting)."""
+    own = os.getpid()
+    outside = [p.pid for p in list_procs() if p.sid == sid and p.pgid != sid and p.pid != own and p.state != "Z"]
+    deliver([-sid, *outside], signum)
 
 
 def _wait_empty(sid: int, proc: subprocess.Popen[bytes], seconds: float) -> bool:
