@@ -11,6 +11,8 @@ from typing import Any, Callable, Dict, Tuple
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
+from ansible_collections.remote_gpu.trainer.tests.workload.harness import Provider
+
 TESTS = Path(__file__).resolve().parent.parent
 # tests/zombies (fake jobs and their harness) and tests/fakegpu (the simulator's environment) are plain folders.
 for helpers in (TESTS / "zombies", TESTS / "fakegpu"):
@@ -34,3 +36,13 @@ def run_module(capsys: pytest.CaptureFixture[str]) -> ModuleRun:
         return exited.value.code, json.loads(capsys.readouterr().out)
 
     return run
+
+
+@pytest.fixture
+def provider(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Provider:
+    """The fake provider CLI first on PATH (as ``runpodctl`` and ``vastai``), its state and calls files in tmp_path."""
+    fake = Provider(tmp_path)
+    monkeypatch.setenv("PATH", f"{fake.bin}:/usr/bin:/bin")  # the fake needs no python on PATH
+    monkeypatch.setenv("FAKE_PROVIDER_STATE", str(fake.state))
+    monkeypatch.setenv("FAKE_PROVIDER_CALLS", str(fake.calls_file))
+    return fake

@@ -103,3 +103,29 @@ def kill_session(sid: int) -> None:
                     os.kill(int(entry), signal.SIGKILL)
             except OSError:
                 pass  # gone already
+
+
+FAKE_PROVIDER = Path(__file__).resolve().parent / "fake_provider.py"
+
+
+class Provider:
+    """The fake provider CLI (``fake_provider.py``) installed in ``<root>/bin``: ``add`` instances, read back
+    ``calls`` (each an argv) and ``instances`` (the state file)."""
+
+    def __init__(self, root: Path) -> None:
+        self.bin = root / "bin"
+        self.state = root / "state.json"
+        self.calls_file = root / "calls.jsonl"
+        subprocess.run([sys.executable, str(FAKE_PROVIDER), "install", str(self.bin)], check=True)
+
+    def add(self, ident: str, *options: str) -> None:
+        argv = [sys.executable, str(FAKE_PROVIDER), "add", "--state", str(self.state), ident, *options]
+        subprocess.run(argv, check=True)
+
+    def calls(self) -> List[List[str]]:
+        if not self.calls_file.exists():
+            return []
+        return [json.loads(line)["argv"] for line in self.calls_file.read_text().splitlines()]
+
+    def instances(self) -> Dict[str, Any]:
+        return json.loads(self.state.read_text())["instances"]

@@ -7,12 +7,8 @@ runners and clocks.
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
@@ -25,7 +21,6 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils._meter_stop imp
     read_state,
 )
 
-FAKE = Path(__file__).resolve().parents[3] / "workload" / "fake_provider.py"
 RESULT_KEYS = {
     "command",
     "final_state",
@@ -38,36 +33,6 @@ RESULT_KEYS = {
     "status_output_tail",
     "msg",
 }
-
-
-class Provider:
-    """The fake provider's files: ``add`` instances, read back ``calls`` and ``instances``."""
-
-    def __init__(self, root: Path) -> None:
-        self.bin = root / "bin"
-        self.state = root / "state.json"
-        self.calls_file = root / "calls.jsonl"
-        subprocess.run([sys.executable, str(FAKE), "install", str(self.bin)], check=True)
-
-    def add(self, ident: str, *options: str) -> None:
-        subprocess.run([sys.executable, str(FAKE), "add", "--state", str(self.state), ident, *options], check=True)
-
-    def calls(self) -> List[List[str]]:
-        if not self.calls_file.exists():
-            return []
-        return [json.loads(line)["argv"] for line in self.calls_file.read_text().splitlines()]
-
-    def instances(self) -> Dict[str, Any]:
-        return json.loads(self.state.read_text())["instances"]
-
-
-@pytest.fixture
-def provider(tmp_path, monkeypatch) -> Provider:
-    fake = Provider(tmp_path)
-    monkeypatch.setenv("PATH", f"{fake.bin}:/usr/bin:/bin")  # the fake needs no python on PATH
-    monkeypatch.setenv("FAKE_PROVIDER_STATE", str(fake.state))
-    monkeypatch.setenv("FAKE_PROVIDER_CALLS", str(fake.calls_file))
-    return fake
 
 
 FAST = {"timeout_s": 3.0, "poll_interval_s": 0.05, "command_timeout_s": 10.0}

@@ -2,45 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
-from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import pytest
 import yaml
 
 from ansible_collections.remote_gpu.trainer.plugins.modules import meter_stop
 
-FAKE = Path(__file__).resolve().parents[3] / "workload" / "fake_provider.py"
 RETURNED = set(yaml.safe_load(meter_stop.RETURN))
-
-
-class Provider:
-    def __init__(self, root: Path) -> None:
-        self.bin = root / "bin"
-        self.state = root / "state.json"
-        self.calls_file = root / "calls.jsonl"
-        subprocess.run([sys.executable, str(FAKE), "install", str(self.bin)], check=True)
-
-    def add(self, ident: str, *options: str) -> None:
-        subprocess.run([sys.executable, str(FAKE), "add", "--state", str(self.state), ident, *options], check=True)
-
-    def calls(self) -> List[List[str]]:
-        if not self.calls_file.exists():
-            return []
-        return [json.loads(line)["argv"] for line in self.calls_file.read_text().splitlines()]
-
-
-@pytest.fixture
-def provider(tmp_path, monkeypatch) -> Provider:
-    fake = Provider(tmp_path)
-    monkeypatch.setenv("PATH", f"{fake.bin}:/usr/bin:/bin")  # the fake needs no python on PATH
-    monkeypatch.setenv("FAKE_PROVIDER_STATE", str(fake.state))
-    monkeypatch.setenv("FAKE_PROVIDER_CALLS", str(fake.calls_file))
-    return fake
 
 
 def args(ident: str = "p1", **options: Any) -> Dict[str, Any]:
