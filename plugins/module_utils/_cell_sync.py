@@ -7,7 +7,11 @@ counts as synced only after its copy was written through a temporary file, fsync
 durable directory (with the page cache dropped where the kernel allows) and found equal in size and sha256 to
 the source; only then does its line go into ``MANIFEST.sha256``. Anything else is ``sync: failed`` with the
 reason. The scratch copy is never deleted (prune removes only what the run's patterns name, inside the cell's
-checkpoint directory). Pure standard library (Python 3.8+).
+checkpoint directory).
+
+A durable run directory belongs to one launch: ``.launch.json`` names it, written by the first sync of that launch
+and checked before every copy, so a manifest never mixes two launches of one run name (a relaunch after teardown,
+another box's launch into a shared durable_dir). Pure standard library (Python 3.8+).
 """
 
 from __future__ import annotations
@@ -16,18 +20,25 @@ import errno
 import fcntl
 import glob
 import hashlib
+import json
 import os
 import stat
 import threading
+import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._disk import probe_usage
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import durable_run_dir, write_json_atomic
 
 CHUNK_BYTES = 4 * 1024 * 1024
 # The durable directory is often a network mount: it must answer a statvfs within this before any copy starts.
 PROBE_TIMEOUT_S = 20.0
 MANIFEST_NAME = "MANIFEST.sha256"
+MANIFEST_LOCK = f".{MANIFEST_NAME}.lock"
+# Hidden, as the lock is: teardown's gate counts only the visible files of a durable copy as results.
+LAUNCH_RECORD = ".launch.json"
+MAX_LAUNCH_RECORD_BYTES = 64 * 1024
 _MANIFEST_LOCK = threading.Lock()  # flock orders processes; this orders the runner's own threads too
 
 
@@ -205,13 +216,69 @@ def _manifest_lines(path: str) -> List[str]:
         return []
 
 
+def durable_owner(durable_run: str) -> Dict[str, Any]:
+    """Which launch a durable run directory belongs to: ``exists``, ``launch_id`` (None without a record),
+    ``problem`` (an unreadable record) and ``entries`` (how many names it holds beside the lock and the record)."""
+    if not os.path.isdir(durable_run):
+        return {"exists": os.path.lexists(durable_run), "launch_id": None, "problem": None, "entries": 0}
+    entries = [name for name in os.listdir(durable_run) if name not in (MANIFEST_LOCK, LAUNCH_RECORD)]
+    launch_id, problem = None, None
+    try:
+        with open(os.path.join(durable_run, LAUNCH_RECORD), "rb") as handle:
+            record = json.loads(handle.read(MAX_LAUNCH_RECORD_BYTES).decode("utf-8", errors="replace"))
+        launch_id = record.get("launch_id") if isinstance(record, dict) else None
+        if not isinstance(launch_id, str) or not launch_id:
+            launch_id, problem = None, "it names no launch_id"
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:
+        problem = str(exc)
+    return {"exists": True, "launch_id": launch_id, "problem": problem, "entries": len(entries)}
+
+
+def launch_conflict(durable_run: str, owner: Mapping[str, Any], launch_id: str, resuming: bool) -> Optional[str]:
+    """Why ``durable_run`` belongs to another launch than ``launch_id``, or None when this launch may write there.
+
+    Files with no record are an earlier launch's (from before launch ids, or a record removed by hand), unless
+    this box resumes the run: then they are this run's own, from before the collection recorded launches.
+    """
+    if owner.get("problem"):
+        return f"{durable_run} has an unreadable {LAUNCH_RECORD} ({owner['problem']})"
+    other = owner.get("launch_id")
+    if other is not None and other != launch_id:
+        return f"{durable_run} holds launch {other}"
+    if other is None and owner.get("entries") and not resuming:
+        return f"{durable_run} holds files of an earlier launch (no {LAUNCH_RECORD})"
+    return None
+
+
+def claim_durable(durable_run: str, run: str, launch_id: str) -> None:
+    """Make ``durable_run`` this launch's before anything is copied into it: record the launch where there is no
+    record, SyncError where another launch's record is there. Under the manifest's flock, as a sync's writes are."""
+    os.makedirs(durable_run, exist_ok=True)
+    with _MANIFEST_LOCK:
+        lock_fd = os.open(os.path.join(durable_run, MANIFEST_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            # A sync runs only in a launch that was let start: files without a record are this run's own.
+            conflict = launch_conflict(durable_run, durable_owner(durable_run), launch_id, resuming=True)
+            if conflict is not None:
+                raise SyncError(f"{conflict}, this run is launch {launch_id}: nothing copied")
+            record = os.path.join(durable_run, LAUNCH_RECORD)
+            if not os.path.exists(record):
+                claimed = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                write_json_atomic(record, {"run": run, "launch_id": launch_id, "claimed_at": claimed})
+        finally:
+            os.close(lock_fd)
+
+
 def update_manifest(durable_run: str, cell: str, artifacts: Sequence[Dict[str, object]]) -> None:
     """Replace the cell's lines of ``MANIFEST.sha256`` (``<sha256>  <size>  cells/<cell>/<path>``), atomically,
     under an exclusive flock so that cells finishing together never lose each other's lines."""
     manifest = os.path.join(durable_run, MANIFEST_NAME)
     prefix = f"cells/{cell}/"
     with _MANIFEST_LOCK:
-        lock_fd = os.open(os.path.join(durable_run, f".{MANIFEST_NAME}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        lock_fd = os.open(os.path.join(durable_run, MANIFEST_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             kept = [line for line in _manifest_lines(manifest) if not line.split("  ", 2)[-1].startswith(prefix)]
@@ -269,8 +336,12 @@ def sync_cell(
     run: str,
     cell: str,
     stopped: Callable[[], bool] = lambda: False,
+    launch_id: Optional[str] = None,
 ) -> SyncOutcome:
-    """Prune, then copy and verify the artifacts of a succeeded cell; never raises."""
+    """Prune, then copy and verify the artifacts of a succeeded cell; never raises.
+
+    With ``launch_id``, the durable run directory is claimed for that launch first (:func:`claim_durable`).
+    """
     pruned, problems = prune(base, prune_patterns)
     if not artifact_patterns:
         return SyncOutcome("skipped", pruned=tuple(pruned), prune_errors=tuple(problems))
@@ -280,7 +351,9 @@ def sync_cell(
             raise SyncError("artifacts are declared but the run has no durable_dir")
         files = collect(base, artifact_patterns)
         _check_durable(durable_dir, sum(os.path.getsize(source) for _rel, source in files))
-        durable_run = os.path.join(durable_dir, "runs", run)
+        durable_run = durable_run_dir(durable_dir, run)
+        if launch_id is not None:
+            claim_durable(durable_run, run, launch_id)
         destination_root = os.path.join(durable_run, "cells", cell)
         os.makedirs(destination_root, exist_ok=True)
         for relative, source in files:

@@ -1,11 +1,14 @@
 # Copyright (c) remote_gpu.trainer contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Stop a rented instance's meter from the controller and prove it stopped: run the provider's verb, poll its status.
+"""Stop a rented instance's meter from the controller and prove it stopped: run the declared verb, poll its status.
 
-A provider CLI that exits 0 has not necessarily stopped anything (``vastai destroy instance ID`` without ``-y``
-asks, reads EOF and aborts with status 0), so success is what the status command says afterwards, never the
-verb's exit status alone. Every command is an argv list (no shell) with a timeout; the runner, the clock and the
-sleep are injectable so tests run the real fake provider CLI with tiny deadlines.
+The verb comes from the profile's declaration (``_meter_stop_verbs.parse_verb``); ``plan_for`` adds the timeouts.
+An exit status of 0 proves nothing (``vastai destroy instance ID`` without ``-y`` asks, reads EOF and aborts with
+status 0): success is what the status command says afterwards. "Gone" is only ever read from a status command that
+exited 0 and printed JSON listing the account's instances without this one; a failing command (a traceback saying
+"No such file or directory", an "API key not found") is unknown, never gone. Nothing a provider prints is kept in
+the result but the parsed states and one scrubbed error line. Every command is an argv list (no shell) with a
+timeout; the runner, the clock and the sleep are injectable.
 """
 
 from __future__ import annotations
@@ -13,10 +16,9 @@ from __future__ import annotations
 import json
 import math
 import re
-import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Pattern, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._command import (
     RC_NOT_EXECUTABLE,
@@ -25,16 +27,50 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils._command import
     Runner,
     subprocess_runner,
 )
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._meter_stop_verbs import (
+    NO_VERB,
+    SURVIVABLE,
+    CliCheck,
+    Status,
+    Verb,
+    parse_verb,
+    shown,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import Between, option_problems
 
-TAIL_CHARS = 2000
-STATE_CHARS = 120
-GONE_SEARCH_CHARS = 64 * 1024  # of each stream: a user's regular expression never scans megabytes
+# The declaration lives in _meter_stop_verbs; these names are this module's interface too.
+__all__ = [
+    "NO_VERB",
+    "SURVIVABLE",
+    "CliCheck",
+    "MeterStopError",
+    "Plan",
+    "Status",
+    "Verb",
+    "check_cli",
+    "error_line",
+    "meter_stop",
+    "parse_verb",
+    "plan_for",
+    "poll_status",
+    "scrub",
+]
+
 UNKNOWN = "unknown"
 GONE = "gone"
-# The runner's own verdicts: their text ("runpodctl: command not found") must never read as "the instance is gone".
-RUNNER_RCS = (RC_TIMEOUT, RC_NOT_EXECUTABLE, RC_NOT_FOUND)
-_KEY_SEGMENT = re.compile(r"[^.\s]+")
-_ERROR_WORD = re.compile(r"(?i)error|fail|denied|not found")
+STATE_CHARS = 120
+ERROR_CHARS = 200
+TIMEOUT_BOUNDS = {
+    "timeout_s": Between(0, 86400),
+    "poll_interval_s": Between(0, 3600, above_low=True),
+    "command_timeout_s": Between(0, 3600, above_low=True),
+}
+_ERROR_WORD = re.compile(r"(?i)error|fail|denied|not found|invalid|unauthori[sz]ed")
+_SECRET_NAME = re.compile(r"(?i)token|key|secret|passw|credential|auth")
+_SECRET_PAIR = re.compile(r"(?i)([\w-]*(?:token|key|secret|passw|credential)[\w-]*)(\"?\s*[:=]\s*\"?)[^\s\"',;&)\]}]+")
+_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[^\s\"',;)\]}]+")
+_LONG_RUN = re.compile(r"[A-Fa-f0-9]{20,}|[A-Za-z0-9+/_=-]{32,}")
+_REDACTED = "***"
 
 
 class MeterStopError(Exception):
@@ -47,28 +83,178 @@ class MeterStopError(Exception):
 
 @dataclass(frozen=True)
 class Plan:
-    command: Sequence[str]
-    status_command: Sequence[str]
-    status_key: str
-    final_states: Sequence[str]
-    gone_pattern: Optional[Pattern[str]] = None
+    verb: Verb
     timeout_s: float = 300.0
     poll_interval_s: float = 5.0
     command_timeout_s: float = 60.0
 
 
+def plan_for(verb: Verb, timeout_s: float, poll_interval_s: float, command_timeout_s: float) -> Plan:
+    """A Plan for a verb run from the controller; raises ValueError for bad timeouts or a verb with no command."""
+    if verb.command is None:
+        how = "is done by hand: " + "; ".join(verb.manual_steps) if verb.manual_steps else "stops nothing"
+        raise ValueError(f"meter_stop_verb {verb.name} {how}")
+    timeouts = {"timeout_s": timeout_s, "poll_interval_s": poll_interval_s, "command_timeout_s": command_timeout_s}
+    problems = option_problems(timeouts, TIMEOUT_BOUNDS)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return Plan(verb, float(timeout_s), float(poll_interval_s), float(command_timeout_s))
+
+
+# --- reading what the provider printed ---------------------------------------------------------------------------
+
+
+def scrub(text: str, keep: Sequence[str] = ()) -> str:
+    """``text`` without what looks like a secret: values of token/key/secret/password fields, bearer credentials,
+    long hex or base64 runs, except a run that is one of ``keep`` (the instance id: Lambda's are 32 hex digits)."""
+    text = _SECRET_PAIR.sub(lambda m: f"{m.group(1)}{m.group(2)}{_REDACTED}", text)
+    text = _BEARER.sub(lambda m: f"{m.group(1)} {_REDACTED}", text)
+    return _LONG_RUN.sub(lambda m: m.group(0) if m.group(0) in keep else _REDACTED, text)
+
+
+def _redacted(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _REDACTED if _SECRET_NAME.search(str(k)) else _redacted(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_redacted(item) for item in node]
+    return node
+
+
+def _json_error(text: str) -> Optional[str]:
+    """The ``error`` of a JSON error object ({"error": {"code", "message"}} or {"error": "..."}), redacted; the code
+    goes last, in brackets ("global/invalid-api-key: API ..." would read as a key's value to scrub)."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(error, dict):
+        error = _redacted(error)
+        code, message = error.get("code"), error.get("message")
+        if message:
+            return f"{message} ({code})" if code else str(message)
+        return str(code) if code else json.dumps(error)
+    return str(error) if isinstance(error, str) and error else None
+
+
+def error_line(stdout: str, stderr: str, keep: Sequence[str] = ()) -> str:
+    """One short, scrubbed line saying why a command failed: a JSON error's code and message, else the last line
+    that says error or fail (CLIs print usage hints after it), else the last line."""
+    for text in (stderr.strip(), stdout.strip()):
+        found = _json_error(text) if text else None
+        if found:
+            return scrub(found, keep)[:ERROR_CHARS]
+    lines = [line.strip() for line in f"{stdout}\n{stderr}".splitlines() if line.strip()]
+    errors = [line for line in lines if _ERROR_WORD.search(line)]
+    picked = (errors or lines or ["no output"])[-1]
+    return scrub(picked, keep)[:ERROR_CHARS]
+
+
+def _failure(rc: int, stdout: str, stderr: str, keep: Sequence[str]) -> str:
+    if rc == RC_TIMEOUT:
+        return f"timed out ({error_line('', stderr)})"
+    if rc in (RC_NOT_FOUND, RC_NOT_EXECUTABLE):  # the runner's own verdict, in stderr
+        return f"exited {rc}: {error_line('', stderr, keep)}"
+    return f"exited {rc}: {error_line(stdout, stderr, keep)}"
+
+
+_MISSING = object()
+
+
+def _at(node: Any, path: str) -> Any:
+    """The value at dotted ``path`` ("" is ``node`` itself), or _MISSING when a step is missing or not an object."""
+    if path == "":
+        return node
+    for segment in path.split("."):
+        if not isinstance(node, dict) or segment not in node:
+            return _MISSING
+        node = node[segment]
+    return node
+
+
+def read_state(doc: Any, key: str) -> Optional[str]:
+    """The non-empty string at dotted ``key`` of parsed JSON ``doc``; None for anything else (a number, null)."""
+    value = _at(doc, key)
+    if not isinstance(value, str) or not value.strip():
+        return None
+    return value[:STATE_CHARS]
+
+
 @dataclass
 class Poll:
     label: str  # the state read, "gone" or "unknown"
-    final: bool
-    gone: bool
-    tail: str
+    final: bool = False
+    gone: bool = False
+    error: str = ""  # why no state was read; "" when one was
+
+
+def _same_id(value: Any, wanted: str) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (str, int)) and str(value) == wanted
+
+
+def _from_list(doc: Any, status: Status) -> Tuple[Any, str]:
+    """The listed instance (None when absent: gone) or an error when the list can not be trusted to be complete."""
+    items = _at(doc, status.list_path or "")
+    where = f"at {status.list_path!r}" if status.list_path else "as the whole output"
+    if not isinstance(items, list):
+        return None, f"no list of instances {where}"
+    found = []
+    for item in items:
+        if not isinstance(item, dict) or status.id_key not in item:
+            return None, f"a listed instance has no {status.id_key!r}"
+        if _same_id(item[status.id_key], status.instance_id):
+            found.append(item)
+    if len(found) > 1:
+        return None, f"{len(found)} listed instances have {status.id_key} {status.instance_id}"
+    return (found[0] if found else None), ""
+
+
+def poll_status(plan: Plan, runner: Runner) -> Poll:
+    """Run the status command once. Only an exit 0 with JSON is read: a final state, a state, or (listed mode) the
+    instance's absence from the list, which is gone. Anything else is unknown, with the scrubbed reason."""
+    status = plan.verb.status
+    assert status is not None  # plan_for refuses a verb without a command, and parse_verb one without a status
+    keep = (status.instance_id,)
+    rc, stdout, stderr = runner(list(status.command), plan.command_timeout_s)
+    if rc != 0:
+        return Poll(UNKNOWN, error=_failure(rc, stdout, stderr, keep))
+    try:
+        doc = json.loads(stdout)
+    except (ValueError, RecursionError):
+        first = next((line.strip() for line in stdout.splitlines() if line.strip()), "nothing")
+        return Poll(UNKNOWN, error=f"exited 0 but printed no JSON: {scrub(first, keep)[:ERROR_CHARS]}")
+    if status.list_path is not None:
+        doc, problem = _from_list(doc, status)
+        if problem:
+            return Poll(UNKNOWN, error=problem)
+        if doc is None:
+            return Poll(GONE, gone=True)
+    state = read_state(doc, status.state_key)
+    if state is None:
+        return Poll(UNKNOWN, error=f"no state (a non-empty string) at {status.state_key!r}")
+    return Poll(state, final=state in plan.verb.final_states)
+
+
+def check_cli(plan: Plan, runner: Runner) -> Optional[str]:
+    """Why the installed CLI can not run the verb safely (its declared check failed), or None."""
+    check = plan.verb.cli_check
+    if check is None:
+        return None
+    rc, stdout, stderr = runner(list(check.command), plan.command_timeout_s)
+    if rc == 0 and re.search(check.pattern, f"{stdout}\n{stderr}"):
+        return None
+    seen = _failure(rc, stdout, stderr, ()) if rc != 0 else f"shows no {check.pattern!r}"
+    return f"refused before running {shown(plan.verb.command or ())}: {shown(check.command)} {seen}; needs {check.need}"
+
+
+# --- the flow ----------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class Progress:
-    """What the result reports; filled in as the flow goes."""
+    """What the result reports; filled in as the flow goes. No raw provider output is ever kept."""
 
+    verb: str
     command: List[str]
     final_state: Optional[str] = None
     gone: bool = False
@@ -76,20 +262,20 @@ class Progress:
     polls: int = 0
     states: List[str] = field(default_factory=list)
     command_rc: Optional[int] = None
-    command_output_tail: str = ""
-    status_output_tail: str = ""
+    command_error: str = ""
+    status_error: str = ""
 
     def record(self, poll: Poll) -> None:
         self.polls += 1
-        self.status_output_tail = poll.tail
+        self.status_error = poll.error
         if not self.states or self.states[-1] != poll.label:
             self.states.append(poll.label)
-        if poll.final:
-            self.final_state = poll.label
+        self.final_state = poll.label if poll.final else None
         self.gone = poll.gone
 
     def result(self, msg: str) -> Dict[str, Any]:
         return {
+            "verb": self.verb,
             "command": self.command,
             "final_state": self.final_state,
             "gone": self.gone,
@@ -97,114 +283,10 @@ class Progress:
             "polls": self.polls,
             "states": self.states,
             "command_rc": self.command_rc,
-            "command_output_tail": self.command_output_tail,
-            "status_output_tail": self.status_output_tail,
+            "command_error": self.command_error,
+            "status_error": self.status_error,
             "msg": msg,
         }
-
-
-def tail(stdout: str, stderr: str) -> str:
-    """The last TAIL_CHARS characters of a command's stdout and stderr together."""
-    both = stdout if not stderr else (f"{stdout.rstrip()}\n{stderr}" if stdout.strip() else stderr)
-    return both[-TAIL_CHARS:]
-
-
-def _error_line(text: str) -> str:
-    """The last line that says error or fail (CLIs print usage hints after the error), else the last line."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    errors = [line for line in lines if _ERROR_WORD.search(line)]
-    picked = errors or lines
-    return picked[-1][:300] if picked else "no output"
-
-
-def shown(argv: Sequence[str]) -> str:
-    return shlex.join(list(argv))
-
-
-def read_state(stdout: str, key: str) -> Optional[str]:
-    """The string at dotted ``key`` of the JSON in ``stdout``; None when it is not JSON, a step is missing or not an
-    object (a list, null), or the value is not a non-empty string (a number, NaN, null)."""
-    try:
-        node: Any = json.loads(stdout)
-    except (ValueError, RecursionError):
-        return None
-    for segment in key.split("."):
-        if not isinstance(node, dict) or segment not in node:
-            return None
-        node = node[segment]
-    if not isinstance(node, str) or not node.strip():
-        return None
-    return node[:STATE_CHARS]
-
-
-def poll_status(plan: Plan, runner: Runner) -> Poll:
-    """Run the status command once. A final state wins; a state read that is not final is never "gone"; only output
-    without a state (and not the runner's own timeout or missing-program verdict) is matched against the pattern."""
-    rc, stdout, stderr = runner(list(plan.status_command), plan.command_timeout_s)
-    text = tail(stdout, stderr)
-    state = read_state(stdout, plan.status_key) if rc == 0 else None
-    if state is not None:
-        return Poll(state, state in plan.final_states, False, text)
-    if _gone(plan, rc, stdout, stderr):
-        return Poll(GONE, False, True, text)
-    return Poll(UNKNOWN, False, False, text)
-
-
-def _gone(plan: Plan, rc: int, stdout: str, stderr: str) -> bool:
-    if plan.gone_pattern is None or rc in RUNNER_RCS:
-        return False
-    return plan.gone_pattern.search(f"{stdout[-GONE_SEARCH_CHARS:]}\n{stderr[-GONE_SEARCH_CHARS:]}") is not None
-
-
-def plan_problems(params: Mapping[str, Any]) -> List[str]:
-    """What is wrong with the options beyond the argument spec and the numeric bounds, one line each."""
-    problems: List[str] = []
-    for name in ("command", "status_command"):
-        argv = params[name]
-        if not argv:
-            problems.append(f"{name} is an empty argv list: nothing to run")
-        for index, arg in enumerate(argv):
-            if not str(arg).strip():
-                problems.append(
-                    f"{name}[{index}] is empty ({shown(argv)}): is instance_id set for this host?"
-                    if index
-                    else f"{name}[0] (the program) is empty"
-                )
-    key = params["status_key"]
-    if not all(_KEY_SEGMENT.fullmatch(segment) for segment in key.split(".")):
-        problems.append(f"status_key must be a dotted JSON path such as desiredStatus or data.status, got {key!r}")
-    if not params["final_states"] and not params.get("gone_pattern"):
-        problems.append("final_states is empty and gone_pattern is empty: no status would ever count as stopped")
-    if any(not str(state).strip() for state in params["final_states"]):
-        problems.append(f"final_states must hold non-empty states, got {list(params['final_states'])!r}")
-    return problems
-
-
-def compile_gone(text: str) -> Optional[Pattern[str]]:
-    """The gone pattern, or None for an empty one; raises ValueError naming the option for a bad expression."""
-    if not text:
-        return None
-    try:
-        return re.compile(text)
-    except re.error as exc:
-        raise ValueError(f"gone_pattern: invalid regular expression {text!r}: {exc}") from exc
-
-
-def plan_from(params: Mapping[str, Any]) -> Plan:
-    """Validated options as a Plan; raises ValueError with one line naming every problem."""
-    problems = plan_problems(params)
-    if problems:
-        raise ValueError("; ".join(problems))
-    return Plan(
-        command=[str(arg) for arg in params["command"]],
-        status_command=[str(arg) for arg in params["status_command"]],
-        status_key=params["status_key"],
-        final_states=[str(state) for state in params["final_states"]],
-        gone_pattern=compile_gone(params.get("gone_pattern") or ""),
-        timeout_s=float(params["timeout_s"]),
-        poll_interval_s=float(params["poll_interval_s"]),
-        command_timeout_s=float(params["command_timeout_s"]),
-    )
 
 
 def _polls(count: int) -> str:
@@ -212,7 +294,7 @@ def _polls(count: int) -> str:
 
 
 def _done_word(progress: Progress) -> str:
-    return "gone" if progress.gone else str(progress.final_state)
+    return GONE if progress.gone else str(progress.final_state)
 
 
 def meter_stop(
@@ -223,24 +305,27 @@ def meter_stop(
     sleep: Callable[[float], None] = time.sleep,
 ) -> Tuple[bool, Dict[str, Any]]:
     """Stop the meter per ``plan``: (changed, result). Raises MeterStopError (with the result) when it did not stop."""
-    progress = Progress(command=list(plan.command))
+    verb, status = plan.verb, plan.verb.status
+    assert verb.command is not None and status is not None  # plan_for made sure
+    progress = Progress(verb=verb.name, command=list(verb.command))
     if check_mode:
-        result = progress.result(f"check mode: would run {shown(plan.command)} and poll {shown(plan.status_command)}")
-        return True, dict(result, would_run=list(plan.command))
-    first = poll_status(plan, runner)
-    progress.record(first)
-    if first.final or first.gone:
+        first = f" after checking {shown(verb.cli_check.command)}" if verb.cli_check else ""
+        msg = f"check mode: would run {shown(verb.command)}{first} and poll {shown(status.command)}"
+        return True, dict(progress.result(msg), would_run=list(verb.command))
+    first_poll = poll_status(plan, runner)
+    progress.record(first_poll)
+    if first_poll.final or first_poll.gone:
         progress.already = True
-        word = _done_word(progress)
-        return False, progress.result(f"the instance is already {word}: {shown(plan.command)} was not run")
+        return False, progress.result(f"the instance is already {_done_word(progress)}: {shown(verb.command)} not run")
+    refused = check_cli(plan, runner)
+    if refused:
+        raise MeterStopError(refused, progress.result(refused))
 
-    rc, stdout, stderr = runner(list(plan.command), plan.command_timeout_s)
+    rc, stdout, stderr = runner(list(verb.command), plan.command_timeout_s)
     progress.command_rc = rc
-    progress.command_output_tail = tail(stdout, stderr)
-    # A non-zero exit that says "gone" is done only if the status command agrees: polled like an exit 0.
-    if rc != 0 and not _gone(plan, rc, stdout, stderr):
-        detail = "timed out" if rc == RC_TIMEOUT else f"exited {rc}"
-        msg = f"the meter-stop command {shown(plan.command)} {detail}: {_error_line(progress.command_output_tail)}"
+    if rc != 0:
+        progress.command_error = _failure(rc, stdout, stderr, (status.instance_id,))
+        msg = f"the meter-stop command {shown(verb.command)} {progress.command_error}"
         raise MeterStopError(msg, progress.result(msg))
 
     started = clock()
@@ -250,19 +335,16 @@ def meter_stop(
         progress.record(poll)
         if poll.final or poll.gone:
             waited = clock() - started
-            msg = (
-                f"ran {shown(plan.command)}; the instance is {_done_word(progress)} after {_polls(progress.polls)} "
-                f"in {waited:.1f} s"
-            )
+            word = _done_word(progress)
+            msg = f"ran {shown(verb.command)}; the instance is {word} after {_polls(progress.polls)} in {waited:.1f} s"
             return True, progress.result(msg)
         remaining = deadline - clock()
         if remaining <= 0 or math.isnan(remaining):
             break
         sleep(min(plan.poll_interval_s, remaining))
-    waited = clock() - started
-    exited = "exited 0" if rc == 0 else f"exited {rc} saying the instance is gone"
+    why = f" ({poll.error})" if poll.error else ""
     msg = (
-        f"the meter-stop command {exited} but the instance ({shown(plan.status_command)}) is still {poll.label} "
-        f"after {waited:.0f} s; it may still be billing: check the provider's console"
+        f"the meter-stop command exited 0 but the instance ({shown(status.command)}) is still {poll.label}{why} "
+        f"after {clock() - started:.0f} s; it may still be billing: check the provider's console"
     )
     raise MeterStopError(msg, progress.result(msg))

@@ -1,13 +1,14 @@
 # Copyright (c) remote_gpu.trainer contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Remove a torn-down run's scratch: ``<data_dir>/runs/<run>`` and the profile's extra paths, nothing else.
+"""Remove torn-down runs' scratch: ``<data_dir>/runs/<run>`` and the profile's extra paths, nothing else.
 
-The only code of the collection that deletes a user's files. Every target is resolved (realpath) and checked
-against every refusal before anything is removed: ``/``, a home directory, a mount point or a tree holding one,
-anything not strictly inside data_dir, durable_dir (inside, equal or holding it), and a run that is alive. Removal
-never follows a symbolic link: a target that is a link is unlinked, links inside a tree are unlinked by
-``shutil.rmtree``. Checks and removal run in forked children under one deadline (a hung mount fails, not hangs).
-Pure standard library.
+The only code of the collection that deletes a user's files. Every target of every run is resolved and checked
+against every refusal (``_scratch_checks``) before anything is removed, and no run may be alive. Then, run by run:
+the tombstone ``<data_dir>/runs/.torn_down/<run>.json`` says ``removing`` (and what) before the first file goes,
+each cell's durable files are re-hashed immediately before that cell's scratch goes (any difference stops
+everything), the rest of the run directory goes, and the tombstone says ``removed``; the extra paths go last. A
+re-run finishes a removal whose tombstone still says ``removing``. Removal never follows a symbolic link. Checks
+and removal run in forked children under one deadline (a hung mount fails, not hangs). Pure standard library.
 """
 
 from __future__ import annotations
@@ -15,34 +16,33 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import pwd
-import re
 import shutil
 import stat
 import time
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _copy_verify as copies
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _run_detach as detach
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _scratch_checks as checks
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._cell_sync import MANIFEST_NAME
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._deadline import run_with_deadline
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._run_state import OnDisk, read_json_quietly
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import (
     NAME_PATTERN,
+    RUN_MARKER,
     Run,
+    durable_run_dir,
+    launch_lock,
     run_dir,
+    runs_root,
+    tombstone_path,
     write_json_atomic,
 )
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._training_run import (
-    RUN_MARKER,
-    LaunchError,
-    launch_lock,
-)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._teardown_gate import parse_manifest
 
-TOMBSTONE_DIR = ".torn_down"
-MOUNTINFO = "/proc/self/mountinfo"
-SYSTEM_HOMES = ("/root", "/home")
 DEFAULT_TIMEOUT_S = 600.0
-_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+RERUN = "its tombstone says removing: run again to finish once the durable copy verifies"
 
 
 class ScratchFailure(Exception):
@@ -53,118 +53,16 @@ class ScratchFailure(Exception):
         self.facts = dict(facts)
 
 
-def tombstone_path(data_dir: str, run: str) -> str:
-    """Where run_scratch records what it removed: ``<data_dir>/runs/.torn_down/<run>.json``."""
-    return os.path.join(data_dir, "runs", TOMBSTONE_DIR, f"{run}.json")
+def _removing(tombstone: Optional[Mapping[str, Any]]) -> bool:
+    return tombstone is not None and tombstone.get("state") == "removing"
 
 
-def _inside(path: str, root: str) -> bool:
-    """``path`` is strictly below ``root`` (both normalised absolute paths)."""
-    return path != root and path.startswith(root.rstrip("/") + "/")
-
-
-def _within(path: str, root: str) -> bool:
-    return path == root or _inside(path, root)
-
-
-def home_dirs() -> List[str]:
-    """Every home directory this box knows (resolved): the password database's, /root, /home, /home/*, $HOME."""
-    homes = set(SYSTEM_HOMES)
-    homes.update(entry.pw_dir for entry in pwd.getpwall())
-    with contextlib.suppress(OSError):
-        homes.update(os.path.join("/home", name) for name in os.listdir("/home"))
-    homes.add(os.environ.get("HOME") or "")
-    return sorted({os.path.realpath(home) for home in homes if home and os.path.isabs(home)})
-
-
-def mount_points(path: str = MOUNTINFO) -> List[str]:
-    """The mount points of this process's namespace from ``/proc/self/mountinfo`` (empty when unreadable)."""
-    try:
-        with open(path, "rb") as handle:
-            lines = handle.read().splitlines()
-    except OSError:
-        return []
-    points = []
-    for line in lines:
-        fields = line.split()
-        if len(fields) > 4:
-            text = os.fsdecode(fields[4])
-            points.append(_OCTAL_ESCAPE.sub(lambda match: chr(int(match.group(1), 8)), text))
-    return points
-
-
-def _walk(root: str) -> Tuple[int, int, Optional[str]]:
-    """(files, bytes, problem) of the tree at ``root``, never following a link; the problem is a mount point
-    below it (``os.path.ismount`` or another device) or a directory that cannot be read."""
-    device = os.lstat(root).st_dev
-    files = size = 0
-    pending = [root]
-    while pending:
-        directory = pending.pop()
-        try:
-            with os.scandir(directory) as entries:
-                for entry in entries:
-                    info = entry.stat(follow_symlinks=False)
-                    if stat.S_ISDIR(info.st_mode):
-                        if info.st_dev != device or os.path.ismount(entry.path):
-                            return files, size, f"holds the mount point {entry.path}"
-                        pending.append(entry.path)
-                        continue
-                    files += 1
-                    size += info.st_size if stat.S_ISREG(info.st_mode) else 0
-        except OSError as exc:
-            return files, size, f"cannot be read ({directory}: {exc.strerror or exc}), so it cannot be checked"
-    return files, size, None
-
-
-class _Context:
-    """What every target is checked against, resolved once."""
-
-    def __init__(self, request: Mapping[str, Any], recorded_durable: Sequence[str]) -> None:
-        self.run: str = request["run"]
-        self.data_real = os.path.realpath(request["data_dir"])
-        self.registry_real = os.path.realpath(os.path.join(request["data_dir"], "runs"))
-        self.run_real = os.path.realpath(run_dir(request["data_dir"], self.run))
-        self.homes = home_dirs()
-        self.mounts = sorted({os.path.normpath(point) for point in mount_points()})
-        durables = [("durable_dir", request.get("durable_dir"))]
-        durables += [("the durable_dir run.json records", path) for path in recorded_durable]
-        self.durables = [(label, os.path.realpath(path)) for label, path in durables if path and os.path.isabs(path)]
-
-    def problems(self, real: str, location: str, extra: bool) -> List[str]:
-        """Each refusal for a target that resolves to ``real`` (the link itself lies at ``location``)."""
-        if real == "/":
-            return ["resolves to /"]
-        found = []
-        if real in self.homes:
-            found.append(f"resolves to the home directory {real}")
-        found += [f"holds the home directory {home}" for home in self.homes if _inside(home, real)][:1]
-        for path in dict.fromkeys((real, location)):
-            if path == self.data_real:
-                found.append(f"is data_dir itself ({self.data_real})")
-            elif not _inside(path, self.data_real):
-                found.append(f"resolves to {path}, outside data_dir {self.data_real}")
-        for label, durable in self.durables:
-            if _within(real, durable):
-                found.append(f"is {label} {durable}" if real == durable else f"is inside {label} {durable}")
-            elif _inside(durable, real):
-                found.append(f"holds {label} {durable}")
-        if extra and _within(self.registry_real, real):
-            found.append(f"holds the run registry {self.registry_real} (every run's files)")
-        elif extra and _inside(real, self.registry_real) and not _within(real, self.run_real):
-            found.append(f"is inside the run registry {self.registry_real} but not in run {self.run}'s directory")
-        if real in self.mounts or os.path.ismount(real):
-            found.append(f"is a mount point ({real})")
-        found += [f"holds the mount point {point}" for point in self.mounts if _inside(point, real)][:1]
-        return found
-
-
-def _liveness_problems(data_dir: str, run: str) -> Tuple[List[str], List[str]]:
+def _liveness_problems(data_dir: str, run: str, removing: bool) -> Tuple[List[str], List[str]]:
     """Why the run may not lose its files now (it is alive, or its run.json cannot say), and the durable_dir
-    paths its run.json records."""
+    paths its run.json records. A removal that stopped halfway may have taken run.json: its markers still count."""
     disk = OnDisk(data_dir, run)
     recorded = [disk.record.get("durable_dir")] if isinstance(disk.record.get("durable_dir"), str) else []
-    if disk.problem:
+    if disk.problem and not removing:
         why = f"its run.json cannot be read, so whether it is alive is unknown (fix or remove {disk.run_dir}/run.json)"
         return [f"run {run}: {why}"], recorded
     if disk.live and disk.registered is not None:
@@ -179,61 +77,32 @@ def _liveness_problems(data_dir: str, run: str) -> Tuple[List[str], List[str]]:
     return [], recorded
 
 
-def _plan_target(named: str, context: _Context, extra: bool) -> Tuple[Optional[Dict[str, Any]], List[str]]:
-    """The target's removal plan (None when it does not exist) and its refusals."""
-    if not os.path.lexists(named):
-        return None, []
-    location = os.path.join(os.path.realpath(os.path.dirname(named)), os.path.basename(named))
-    real = os.path.realpath(named)
-    info = os.lstat(location)
-    link = stat.S_ISLNK(info.st_mode)
-    problems = context.problems(real, location, extra)
-    files, size = (0, 0) if stat.S_ISDIR(info.st_mode) else (1, info.st_size if stat.S_ISREG(info.st_mode) else 0)
-    if not problems and stat.S_ISDIR(info.st_mode):
-        files, size, problem = _walk(location)
-        problems += [problem] if problem else []
-    target = {"path": named, "location": location, "real": real, "link": link, "dir": stat.S_ISDIR(info.st_mode)}
-    target.update(device=info.st_dev, inode=info.st_ino, files=files, bytes=size)
-    return target, [f"{named} {problem}" for problem in problems]
-
-
-def _named_targets(request: Mapping[str, Any]) -> Tuple[List[Tuple[str, bool]], List[str]]:
-    """(path, is_extra) for the run directory and each extra path, and the extra paths refused as written."""
-    targets = [(os.path.normpath(run_dir(request["data_dir"], request["run"])), False)]
-    problems = []
-    for path in request.get("extra_paths") or []:
-        if not isinstance(path, str) or not path.strip():
-            problems.append(f"extra_paths entry {path!r} is empty")
-        elif not os.path.isabs(path):
-            problems.append(f"extra_paths entry {path!r} is not an absolute path")
-        elif ".." in path.split("/"):
-            problems.append(f"extra_paths entry {path!r} contains '..'")
-        else:
-            targets.append((os.path.normpath(path), True))
-    return list(dict.fromkeys(targets)), problems
-
-
 def plan(request: Mapping[str, Any]) -> Dict[str, Any]:
-    """Every existing target with its size, and every refusal (runs in a child under the deadline)."""
-    data_real = os.path.realpath(request["data_dir"])
-    if data_real == "/":
-        return {"targets": [], "problems": [f"data_dir {request['data_dir']} resolves to /"], "torn_down": None}
-    named, problems = _named_targets(request)
-    alive, recorded = _liveness_problems(request["data_dir"], request["run"])
-    problems += alive
-    context = _Context(request, recorded)
+    """Every existing target with its size, every refusal, and each run's tombstone (run in a child under the
+    deadline)."""
+    data_dir = request["data_dir"]
+    if os.path.realpath(data_dir) == "/":
+        return {"targets": [], "problems": [f"data_dir {data_dir} resolves to /"], "tombstones": {}}
+    extras, problems = checks.extra_targets(request)
+    tombstones = {run: read_json_quietly(tombstone_path(data_dir, run)) for run in request["runs"]}
+    recorded: List[str] = []
+    for run in request["runs"]:
+        alive, durables = _liveness_problems(data_dir, run, _removing(tombstones[run]))
+        problems += alive
+        recorded += durables
+    context = checks.Context(request, recorded)
+    named = [(os.path.normpath(run_dir(data_dir, run)), run) for run in request["runs"]]
     targets = []
-    for path, extra in named:
-        target, refused = _plan_target(path, context, extra)
+    for path, run in named + [(path, None) for path in extras]:
+        target, refused = checks.plan_target(path, context, run)
         problems += refused
         if target is not None:
             targets.append(target)
     # A target named twice is removed once; one inside another (non-link) directory target goes with it.
     targets = list({t["location"]: t for t in reversed(targets)}.values())[::-1]
     outer = [t["location"] for t in targets if t["dir"] and not t["link"]]
-    targets = [t for t in targets if not any(_inside(t["location"], other) for other in outer)]
-    torn_down = read_json_quietly(tombstone_path(request["data_dir"], request["run"]))
-    return {"targets": targets, "problems": problems, "torn_down": torn_down}
+    targets = [t for t in targets if not any(checks.inside(t["location"], other) for other in outer)]
+    return {"targets": targets, "problems": problems, "tombstones": tombstones}
 
 
 def _utc_now() -> str:
@@ -241,46 +110,173 @@ def _utc_now() -> str:
 
 
 def _entry(target: Mapping[str, Any]) -> Dict[str, Any]:
-    return {"path": target["path"], "files": target["files"], "bytes": target["bytes"]}
+    return {"path": target["path"], "files": target["files"], "bytes": target["bytes"], "run": target["run"]}
 
 
-def _remove_one(target: Mapping[str, Any]) -> None:
+def _checked_again(target: Mapping[str, Any]) -> os.stat_result:
     info = os.lstat(target["location"])
     if (info.st_dev, info.st_ino) != (target["device"], target["inode"]):
         raise OSError(f"{target['path']} changed since it was checked; not removed")
+    return info
+
+
+def _remove_one(target: Mapping[str, Any]) -> None:
+    info = _checked_again(target)
     if stat.S_ISDIR(info.st_mode):
         shutil.rmtree(target["location"])  # never a link (lstat): rmtree unlinks the links inside, never follows
     else:
         os.unlink(target["location"])
 
 
-def remove(request: Mapping[str, Any], targets: Sequence[Mapping[str, Any]], lock_s: float) -> Dict[str, Any]:
-    """Re-check that the run is not alive under the launch lock, remove each target, write the tombstone."""
-    data_dir, run = request["data_dir"], request["run"]
-    removed: List[Dict[str, Any]] = []
-    registry = os.path.join(data_dir, "runs")
+def _cell_of(path: str) -> Optional[str]:
+    parts = path.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "cells" else None
+
+
+def _read_manifest(path: str) -> Optional[str]:
     try:
-        with launch_lock(data_dir, lock_s) if os.path.isdir(registry) else contextlib.nullcontext():
-            alive, _recorded = _liveness_problems(data_dir, run)
-            if alive:
-                return {"removed": [], "error": f"{alive[0]}; nothing removed"}
-            for target in targets:
+        with open(path, "rb") as handle:
+            return handle.read(64 * 1024 * 1024).decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+class _Remover:
+    """Removes the planned targets run by run and cell by cell, re-checking the durable copy before each cell."""
+
+    def __init__(self, request: Mapping[str, Any], deadline: float, runs: Sequence[Dict[str, Any]]) -> None:
+        self.request = request
+        self.deadline = deadline
+        self.removed: List[Dict[str, Any]] = []
+        self.runs = {entry["run"]: entry for entry in runs}
+        self.mismatch: Optional[Dict[str, Any]] = None
+
+    def _remaining(self) -> float:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise OSError("no time left of timeout_s")
+        return remaining
+
+    def expected(self, run: str) -> List[Dict[str, Any]]:
+        """What the durable copy must hold: the ``expected`` option's entries, else its manifest's, else nothing."""
+        given = (self.request.get("expected") or {}).get(run)
+        durable_dir = self.request.get("durable_dir")
+        if given is not None or not durable_dir:
+            return list(given or [])
+        path = os.path.join(durable_run_dir(durable_dir, run), MANIFEST_NAME)
+        answer = run_with_deadline({"manifest": functools.partial(_read_manifest, path)}, self._remaining())
+        if "value" not in answer["manifest"]:
+            raise OSError(f"{path}: {answer['manifest'].get('error') or 'did not answer (a hung mount?)'}")
+        entries, _bad = parse_manifest(answer["manifest"]["value"] or "")
+        return [{"path": path, **entry} for path, entry in sorted(entries.items())]
+
+    def durable_differs(self, run: str, entries: Sequence[Mapping[str, Any]]) -> bool:
+        """Re-hash ``entries`` under the durable copy now; record the first difference."""
+        if not entries:
+            return False
+        root = durable_run_dir(self.request["durable_dir"], run)
+        answer = copies.digests(root, [entry["path"] for entry in entries], self._remaining())
+        differs = None
+        if "problem" in answer:
+            differs = {"path": root, "problem": answer["problem"]}
+        else:
+            found = (copies.mismatch(entry, answer["files"][entry["path"]]) for entry in entries)
+            differs = next((difference for difference in found if difference is not None), None)
+        if differs is not None:
+            self.mismatch = dict(differs, run=run, cell=_cell_of(str(differs["path"])))
+            return True
+        self.runs[run]["verified"] += len(entries)
+        return False
+
+    def remove_run(self, run: str, target: Optional[Mapping[str, Any]]) -> bool:
+        """Cell by cell, then the rest of the run directory; False when the durable copy changed (stops all)."""
+        pending = self.expected(run)
+        removed_cells: List[Dict[str, Any]] = []
+        if target is not None and target["dir"] and not target["link"]:
+            _checked_again(target)
+            cells = os.path.join(target["location"], "cells")
+            names = sorted(os.listdir(cells)) if os.path.isdir(cells) and not os.path.islink(cells) else []
+            for name in names:
+                path = os.path.join(cells, name)
+                if not os.path.isdir(path) or os.path.islink(path):
+                    continue
+                mine = [entry for entry in pending if _cell_of(entry["path"]) == name]
+                if self.durable_differs(run, mine):
+                    self.removed += removed_cells
+                    return False
+                pending = [entry for entry in pending if _cell_of(entry["path"]) != name]
+                files, size, _problem = checks.walk(path)
+                shutil.rmtree(path)  # a real directory inside the checked run directory; links inside are unlinked
+                removed_cells.append({"path": path, "files": files, "bytes": size, "run": run})
+        if self.durable_differs(run, pending):
+            self.removed += removed_cells
+            return False
+        if target is not None:
+            try:
                 _remove_one(target)
-                removed.append(_entry(target))
-            tombstone = tombstone_path(data_dir, run)
-            earlier = read_json_quietly(tombstone) or {}
-            kept = [e for e in earlier.get("removed") or [] if isinstance(e, dict)]
-            os.makedirs(os.path.dirname(tombstone), exist_ok=True)
-            write_json_atomic(tombstone, {"run": run, "removed_at": _utc_now(), "removed": kept + removed})
-    except (OSError, LaunchError) as exc:
-        return {"removed": removed, "error": str(exc)}
-    return {"removed": removed, "error": None}
+            except OSError:
+                self.removed += removed_cells
+                raise
+            self.removed.append(_entry(target))
+        return True
+
+    def facts(self, error: Optional[str]) -> Dict[str, Any]:
+        return {"removed": self.removed, "runs": list(self.runs.values()), "mismatch": self.mismatch, "error": error}
+
+    def record(self, run: str, state: str, removed: Sequence[Mapping[str, Any]], **more: Any) -> None:
+        tombstone = tombstone_path(self.request["data_dir"], run)
+        earlier = read_json_quietly(tombstone) or {}
+        kept = [entry for entry in earlier.get("removed") or [] if isinstance(entry, dict)]
+        os.makedirs(os.path.dirname(tombstone), exist_ok=True)
+        write_json_atomic(tombstone, {"run": run, "state": state, "removed": kept + list(removed), **more})
+        self.runs[run]["tombstone"] = tombstone
+
+
+def remove(request: Mapping[str, Any], planned: Mapping[str, Any], deadline: float) -> Dict[str, Any]:
+    """Under the launch lock: re-check that no run is alive, then per run write the tombstone ``removing``, remove
+    it cell by cell (each cell's durable files re-hashed first), write the tombstone ``removed``; then the extra
+    paths. Stops at the first difference or error, with what went before it."""
+    data_dir = request["data_dir"]
+    remover = _Remover(request, deadline, _planned_runs(request, planned, check_mode=False))
+    by_run = {target["run"]: target for target in planned["targets"] if target["run"] is not None}
+    extras = [target for target in planned["targets"] if target["run"] is None]
+    todo = [run for run, entry in remover.runs.items() if entry["state"] == "pending"]
+    lock_s = max(0.1, (deadline - time.monotonic()) / 2)  # a held lock fails before the deadline
+    try:
+        with launch_lock(data_dir, lock_s) if os.path.isdir(runs_root(data_dir)) else contextlib.nullcontext():
+            for run in todo:
+                alive, _recorded = _liveness_problems(data_dir, run, _removing(planned["tombstones"].get(run)))
+                if alive:
+                    return remover.facts(f"{alive[0]}; nothing removed")
+            for run in todo:
+                target = by_run.get(run)
+                remover.record(run, "removing", [], started_at=_utc_now(), removing=[_entry(target)] if target else [])
+                remover.runs[run]["state"] = "stopped"
+                before = len(remover.removed)
+                if not remover.remove_run(run, target):
+                    return remover.facts(None)
+                remover.record(run, "removed", remover.removed[before:], removed_at=_utc_now())
+                remover.runs[run]["state"] = "removed"
+            for target in extras:
+                _remove_one(target)
+                remover.removed.append(_entry(target))
+            for run in request["runs"] if extras else ():
+                remover.record(run, "removed", [_entry(target) for target in extras], removed_at=_utc_now())
+    except OSError as exc:  # LaunchLockBusy is a TimeoutError, an OSError
+        return remover.facts(str(exc))
+    return remover.facts(None)
 
 
 def _check_request(params: Mapping[str, Any]) -> Dict[str, Any]:
-    run, data_dir = params.get("run") or "", params.get("data_dir") or ""
-    if not NAME_PATTERN.match(run):
-        raise ValueError(f"run must match {NAME_PATTERN.pattern}, not {run!r}")
+    runs = params.get("runs") or []
+    if isinstance(runs, str):
+        runs = [runs]
+    if not runs:
+        raise ValueError("runs must name at least one run")
+    for run in runs:
+        if not isinstance(run, str) or not NAME_PATTERN.match(run):
+            raise ValueError(f"run must match {NAME_PATTERN.pattern}, not {run!r}")
+    data_dir = params.get("data_dir") or ""
     if not os.path.isabs(data_dir):
         raise ValueError(f"data_dir must be an absolute path, not {data_dir!r}")
     durable = params.get("durable_dir") or None
@@ -288,8 +284,21 @@ def _check_request(params: Mapping[str, Any]) -> Dict[str, Any]:
         raise ValueError(f"durable_dir must be an absolute path, not {durable!r}")
     if params.get("state", "absent") != "absent":
         raise ValueError(f"state must be absent, not {params.get('state')!r}")
-    extra = list(params.get("extra_paths") or [])
-    return {"run": run, "data_dir": data_dir, "durable_dir": durable, "extra_paths": extra}
+    expected = params.get("expected") or {}
+    if not isinstance(expected, Mapping):
+        raise ValueError("expected must be a dict of run name to a list of {path, size, sha256}")
+    checked: Dict[str, List[Dict[str, Any]]] = {}
+    for run, entries in expected.items():
+        if run not in runs:
+            raise ValueError(f"expected names run {run!r}, which runs does not")
+        if entries and durable is None:
+            raise ValueError(f"expected lists files of run {run} but durable_dir is not set")
+        try:
+            checked[run] = copies.checked_expected(entries)
+        except ValueError as exc:
+            raise ValueError(f"expected.{run}: {exc}") from None
+    request = {"runs": list(dict.fromkeys(runs)), "data_dir": data_dir, "durable_dir": durable}
+    return dict(request, extra_paths=list(params.get("extra_paths") or []), expected=checked)
 
 
 def _summary(entries: Sequence[Mapping[str, Any]]) -> str:
@@ -297,42 +306,68 @@ def _summary(entries: Sequence[Mapping[str, Any]]) -> str:
     return f"{len(entries)} path(s), {files} file(s), {size} bytes"
 
 
+def _which(runs: Sequence[str]) -> str:
+    return f"run {runs[0]}" if len(runs) == 1 else f"runs {', '.join(runs)}"
+
+
+def _planned_runs(request: Mapping[str, Any], planned: Mapping[str, Any], check_mode: bool) -> List[Dict[str, Any]]:
+    """Each run's entry before removal: what an unchanged box would see (and check mode reports)."""
+    entries = []
+    data_dir = request["data_dir"]
+    with_target = {target["run"] for target in planned["targets"]}
+    for run in request["runs"]:
+        tombstone = planned["tombstones"].get(run)
+        state = "nothing"
+        if run in with_target or _removing(tombstone):
+            state = "would_remove" if check_mode else "pending"
+        elif tombstone is not None:
+            state = "already_removed"
+        path = tombstone_path(data_dir, run) if tombstone is not None or state == "would_remove" else None
+        entries.append({"run": run, "state": state, "tombstone": path, "verified": 0})
+    return entries
+
+
 def run_scratch(params: Mapping[str, Any], check_mode: bool) -> Dict[str, Any]:
-    """The module's work: ValueError for a bad option, ScratchFailure for a refusal or a failed removal."""
+    """The module's work: ValueError for a bad option, ScratchFailure for a refusal, a durable file that changed,
+    or a failed removal."""
     request = _check_request(params)
     timeout_s = float(params.get("timeout_s") or DEFAULT_TIMEOUT_S)
-    run, tombstone = request["run"], tombstone_path(request["data_dir"], request["run"])
+    which = _which(request["runs"])
     deadline = time.monotonic() + timeout_s
-    facts: Dict[str, Any] = {"refused": False, "problems": [], "removed": [], "would_remove": [], "tombstone": None}
+    facts: Dict[str, Any] = {"refused": False, "problems": [], "removed": [], "would_remove": [], "runs": []}
+    facts["durable_mismatch"] = None
     answer = run_with_deadline({"plan": functools.partial(plan, request)}, timeout_s)["plan"]
     if "value" not in answer:
         why = answer.get("error") or f"did not answer within {timeout_s:g} s (a hung mount?)"
-        raise ScratchFailure(f"run_scratch {run}: checking the targets failed: {why}; nothing removed", facts)
-    problems, targets = answer["value"]["problems"], answer["value"]["targets"]
-    if problems:
+        raise ScratchFailure(f"run_scratch {which}: checking the targets failed: {why}; nothing removed", facts)
+    planned = answer["value"]
+    facts["runs"] = _planned_runs(request, planned, check_mode)
+    if planned["problems"]:
+        problems = planned["problems"]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         facts.update(refused=True, problems=problems)
         raise ScratchFailure(f"run_scratch refused: {problems[0]}{more}; nothing removed", facts)
-    entries = [_entry(target) for target in targets]
-    torn_down = answer["value"]["torn_down"]
-    existing = tombstone if torn_down is not None else None
-    if not targets:
-        when = f" (torn down at {torn_down.get('removed_at')})" if torn_down is not None else ""
-        return dict(facts, changed=False, tombstone=existing, msg=f"nothing to remove for run {run}{when}")
+    entries = [_entry(target) for target in planned["targets"]]
+    to_finish = [entry["run"] for entry in facts["runs"] if entry["state"] in ("pending", "would_remove")]
+    if not entries and not to_finish:
+        removed_at = [str((planned["tombstones"].get(r) or {}).get("removed_at")) for r in request["runs"]]
+        when = f" (torn down at {', '.join(removed_at)})" if any(planned["tombstones"].values()) else ""
+        return dict(facts, changed=False, msg=f"nothing to remove for {which}{when}")
     if check_mode:
-        return dict(
-            facts, changed=True, would_remove=entries, tombstone=tombstone, msg=f"would remove {_summary(entries)}"
-        )
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise ScratchFailure(f"run_scratch {run}: no time left of timeout_s {timeout_s:g}; nothing removed", facts)
-    job = functools.partial(remove, request, targets, remaining / 2)  # a held lock fails before the deadline
-    done = run_with_deadline({"remove": job}, remaining)["remove"]
+        return dict(facts, changed=True, would_remove=entries, msg=f"would remove {_summary(entries)} of {which}")
+    done = run_with_deadline({"remove": functools.partial(remove, request, planned, deadline)}, timeout_s)["remove"]
     if "value" not in done:
         why = done.get("error") or f"did not finish within {timeout_s:g} s (a hung mount?); part of it may be gone"
-        raise ScratchFailure(f"run_scratch {run}: removal failed: {why}; no tombstone written", facts)
-    facts["removed"] = done["value"]["removed"]
-    if done["value"]["error"]:
-        gone = f" after removing {_summary(facts['removed'])}" if facts["removed"] else ""
-        raise ScratchFailure(f"run_scratch {run}: {done['value']['error']}{gone}; no tombstone written", facts)
-    return dict(facts, changed=True, tombstone=tombstone, msg=f"removed {_summary(facts['removed'])} of run {run}")
+        raise ScratchFailure(f"run_scratch {which}: removal failed: {why}; where {RERUN}", facts)
+    outcome = done["value"]
+    facts.update(removed=outcome["removed"], runs=outcome["runs"], durable_mismatch=outcome["mismatch"])
+    gone = f" after removing {_summary(facts['removed'])}" if facts["removed"] else ""
+    mismatch = outcome["mismatch"]
+    if mismatch is not None:
+        where = f"run {mismatch['run']}, cell {mismatch['cell']}" if mismatch["cell"] else f"run {mismatch['run']}"
+        message = f"the durable copy changed since the gate ({where}: {mismatch['path']}: {mismatch['problem']})"
+        raise ScratchFailure(f"run_scratch stopped: {message}; nothing more removed{gone}", facts)
+    if outcome["error"]:
+        halfway = any(entry["state"] == "stopped" for entry in outcome["runs"])
+        raise ScratchFailure(f"run_scratch {which}: {outcome['error']}{gone}{'; ' + RERUN if halfway else ''}", facts)
+    return dict(facts, changed=True, msg=f"removed {_summary(facts['removed'])} of {which}")

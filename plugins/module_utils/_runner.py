@@ -10,6 +10,8 @@ succeeded and its sync verified. What it guarantees:
 - One runner per run (an flock on ``<run>/.runner.lock``), and no cell left running by an earlier, dead runner of
   the same run (processes carrying the run's marker are stopped first): never two copies of one cell.
 - Resume: a cell whose result says succeeded and verified (or skipped, without artifacts) is skipped; the rest run.
+- One launch per durable copy: a run torn down (its tombstone) or whose durable copy holds another launch is refused
+  before anything is written, and each sync claims the durable directory for this launch (``.launch.json``).
 - GPUs: ``gpus_per_cell`` null is the whole box, one cell at a time; otherwise each cell gets its own GPUs
   (``CUDA_VISIBLE_DEVICES``), and a GPU goes to the next cell only once the previous cell's processes are gone.
 - SIGTERM / SIGINT stop every running cell (SIGTERM to its group, SIGKILL after ``stop_grace_s``) and record it as
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -49,9 +52,21 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils._cell_exec impo
     ticks_now,
     utc_iso,
 )
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._cell_sync import SyncOutcome, sync_cell
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._cell_sync import (
+    SyncOutcome,
+    durable_owner,
+    launch_conflict,
+    sync_cell,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._deadline import run_with_deadline
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._monitor import Monitor, open_nvml
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import parse_result, write_json_atomic
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import (
+    RUN_MARKER,
+    durable_run_dir,
+    parse_result,
+    tombstone_path,
+    write_json_atomic,
+)
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._runspec import (
     CellSpec,
     RunSpec,
@@ -79,7 +94,9 @@ from {PACKAGE}._runner import main  # noqa: E402
 
 sys.exit(main(sys.argv[1:]))
 '''
-EXIT_DONE, EXIT_NOT_DONE, EXIT_USAGE, EXIT_LOCKED, EXIT_STOPPED = 0, 1, 2, 75, 143
+EXIT_DONE, EXIT_NOT_DONE, EXIT_USAGE, EXIT_REFUSED, EXIT_LOCKED, EXIT_STOPPED = 0, 1, 2, 3, 75, 143
+# The durable directory is often a network mount: a look at its launch record must not hang the start.
+DURABLE_PROBE_S = 10.0
 # How long a cell's GPUs wait for processes that outlived SIGKILL (uninterruptible sleep) before they are given up.
 QUARANTINE_S = 300.0
 DEFAULTS = {"PYTHONUNBUFFERED": "1", "WANDB_START_METHOD": "thread", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
@@ -177,10 +194,30 @@ class Runner:
         except (OSError, ValueError):
             return False
 
+    def _refusal(self, resumed: bool) -> Optional[str]:
+        """Why this runner must not start: its run was torn down, or its durable copy is another launch's."""
+        spec = self.spec
+        tombstone = tombstone_path(spec.data_dir, spec.run)
+        if os.path.lexists(tombstone):
+            return f"run {spec.run} was torn down ({tombstone}); launch it as a new attempt"
+        if spec.durable_dir is None or spec.launch_id is None:
+            return None
+        durable_run = durable_run_dir(spec.durable_dir, spec.run)
+        answer = run_with_deadline({"owner": functools.partial(durable_owner, durable_run)}, DURABLE_PROBE_S)["owner"]
+        if "value" not in answer:  # each sync claims the directory again before it copies anything
+            self.log.event("durable_unchecked", why=answer.get("error") or f"no answer within {DURABLE_PROBE_S:g} s")
+            return None
+        conflict = launch_conflict(durable_run, answer["value"], spec.launch_id, resumed)
+        return f"{conflict}, this run is launch {spec.launch_id}" if conflict else None
+
     def _run_locked(self) -> int:
         spec = self.spec
         self.started_ticks = ticks_now()
         resumed = os.path.exists(self._path("run.json"))
+        refusal = self._refusal(resumed)
+        if refusal is not None:
+            self.log.event("runner_refused", why=refusal)
+            return EXIT_REFUSED
         if os.path.exists(secrets_json(self.run_dir)):
             os.chmod(secrets_json(self.run_dir), 0o600)
         skipped = [cell.name for cell in spec.cells if self._done(cell)]
@@ -202,11 +239,12 @@ class Runner:
             "durable_dir": spec.durable_dir, "workdir": spec.workdir, "cells": self.cells_view,
             "gpus": list(spec.gpus), "gpus_per_cell": spec.gpus_per_cell, "shard": spec.shard, "resumed": resumed,
             "skipped_cells": skipped, "runner_version": RUNNER_VERSION, "spec_sha256": spec_sha256,
+            "launch_id": spec.launch_id,
         }  # fmt: skip
         self._write_run_json()
         self.log.event("runner_started", pid=os.getpid(), version=RUNNER_VERSION, resumed=resumed, slots=spec.slots())
         # A dead runner's cells may live on (they are not in its process group): stop them before any cell reruns.
-        earlier = stop_processes(None, marker_entry("RGT_RUN_DIR", self.run_dir), spec.stop_grace_s)
+        earlier = stop_processes(None, marker_entry(RUN_MARKER, self.run_dir), spec.stop_grace_s)
         if earlier.found:
             self.log.event("earlier_processes_stopped", count=earlier.found, left=earlier.left)
         for name in skipped:
@@ -216,7 +254,7 @@ class Runner:
             interval_s=spec.monitor_interval_s,
             max_bytes=spec.monitor_max_bytes,
             directories={"data": spec.data_dir, "durable": spec.durable_dir},
-            marker=marker_entry("RGT_RUN_DIR", self.run_dir),
+            marker=marker_entry(RUN_MARKER, self.run_dir),
             cells=lambda: dict(self.pids),
             since_ticks=self.started_ticks,
             nvml=open_nvml(),
@@ -302,7 +340,7 @@ class Runner:
     def _env(self, cell: CellSpec, gpus: Optional[Tuple[int, ...]], attempt: int, token: str) -> Dict[str, str]:
         directory = self._path("cells", cell.name)
         own = {
-            "RGT_RUN": self.spec.run, "RGT_RUN_DIR": self.run_dir, "RGT_CELL": cell.name, "RGT_CELL_DIR": directory,
+            "RGT_RUN": self.spec.run, RUN_MARKER: self.run_dir, "RGT_CELL": cell.name, "RGT_CELL_DIR": directory,
             "RGT_CKPT_DIR": cell.checkpoint_dir or directory, "RGT_ATTEMPT": str(attempt), MARKER_VARIABLE: token,
         }  # fmt: skip
         if gpus is not None:
@@ -375,6 +413,7 @@ class Runner:
             sync = sync_cell(
                 base, prune_patterns=self.spec.prune, artifact_patterns=self.spec.artifacts,
                 durable_dir=self.spec.durable_dir, run=self.spec.run, cell=cell.name, stopped=self.stop_event.is_set,
+                launch_id=self.spec.launch_id,
             )  # fmt: skip
             self._log_sync(cell, sync, log_path)
         reason = outcome.reason or (None if outcome.succeeded else described)

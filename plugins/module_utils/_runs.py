@@ -8,17 +8,22 @@ patrol and teardown read them here, so every reader applies the same validation.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import os
 import re
+import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._deadline import run_with_deadline
 
 MAX_REGISTERED_RUNS = 1000
+# Under <data_dir>/runs; a leading dot keeps it out of every run name (NAME_PATTERN).
+TOMBSTONE_DIR = ".torn_down"
 MAX_RUN_JSON_BYTES = 1024 * 1024
 # Reading the registry touches data_dir, which may be a dead network mount.
 REGISTRY_TIMEOUT_S = 10.0
@@ -74,8 +79,43 @@ def _checked_name(kind: str, name: str) -> str:
     return name
 
 
+def runs_root(data_dir: str) -> str:
+    """``<data_dir>/runs``: every run's scratch, and the tombstones of the runs torn down."""
+    return os.path.join(data_dir, "runs")
+
+
 def run_dir(data_dir: str, run: str) -> str:
-    return os.path.join(data_dir, "runs", _checked_name("run", run))
+    return os.path.join(runs_root(data_dir), _checked_name("run", run))
+
+
+def tombstone_path(data_dir: str, run: str) -> str:
+    """Where run_scratch records what it removes: ``<data_dir>/runs/.torn_down/<run>.json``."""
+    return os.path.join(runs_root(data_dir), TOMBSTONE_DIR, f"{_checked_name('run', run)}.json")
+
+
+def durable_run_dir(durable_dir: str, run: str) -> str:
+    """``<durable_dir>/runs/<run>``: the run's synced artifacts and its MANIFEST.sha256."""
+    return os.path.join(durable_dir, "runs", _checked_name("run", run))
+
+
+def list_runs(data_dir: str) -> List[str]:
+    """The runs on a box, sorted: each directory under ``<data_dir>/runs`` with a valid name, and each run known
+    only by its tombstone (scratch already removed). At most MAX_REGISTERED_RUNS; OSError when unreadable."""
+    root = runs_root(data_dir)
+    if not os.path.lexists(root):
+        return []
+    names = {
+        entry.name
+        for entry in os.scandir(root)
+        if NAME_PATTERN.match(entry.name) and entry.is_dir()  # a linked run directory is a run too
+    }
+    tombstones = os.path.join(root, TOMBSTONE_DIR)
+    if os.path.isdir(tombstones):
+        for entry in os.scandir(tombstones):
+            name = entry.name[: -len(".json")] if entry.name.endswith(".json") else ""
+            if NAME_PATTERN.match(name) and entry.is_file(follow_symlinks=False):
+                names.add(name)
+    return sorted(names)[:MAX_REGISTERED_RUNS]
 
 
 def run_json(data_dir: str, run: str) -> str:
@@ -290,3 +330,39 @@ def read_run_registry(data_dir: Optional[str], timeout_s: float = REGISTRY_TIMEO
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
             problems.append(f"{path}: {exc}")
     return runs, problems
+
+
+# Every process the runner starts carries RGT_RUN_DIR=<run_dir> in its environment: the run's marker.
+RUN_MARKER = "RGT_RUN_DIR"
+LOCK_NAME = ".launch.lock"
+
+
+class LaunchLockBusy(TimeoutError):
+    """Another launch (or a teardown's removal) held the box's launch lock for longer than the caller waits."""
+
+
+def launch_lock_path(data_dir: str) -> str:
+    """``<data_dir>/runs/.launch.lock``: held by every decision that starts a run or removes one's scratch."""
+    return os.path.join(runs_root(data_dir), LOCK_NAME)
+
+
+@contextlib.contextmanager
+def launch_lock(data_dir: str, timeout_s: float) -> Iterator[None]:
+    """The box's launch lock (an flock); LaunchLockBusy when another holder keeps it longer than ``timeout_s``."""
+    path = launch_lock_path(data_dir)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError as exc:
+                if time.monotonic() >= deadline:
+                    message = f"another launch on this box held {path} for more than {timeout_s:g} s"
+                    raise LaunchLockBusy(message) from exc
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)

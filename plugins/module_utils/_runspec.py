@@ -22,7 +22,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import NAME_PATTERN, run_dir
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import NAME_PATTERN, durable_run_dir, run_dir
 
 SPEC_SCHEMA = 1
 MAX_SPEC_BYTES = 4 * 1024 * 1024
@@ -66,6 +66,8 @@ class RunSpec:
     monitor_interval_s: float = DEFAULT_MONITOR_INTERVAL_S
     monitor_max_bytes: int = DEFAULT_MONITOR_MAX_BYTES
     shard: Optional[Dict[str, int]] = None  # {"index": i, "count": n} when the sweep was split across boxes
+    # Which launch of the run name this is: recorded in run.json and in the durable copy (.launch.json).
+    launch_id: Optional[str] = None
 
     @property
     def run_dir(self) -> str:
@@ -97,10 +99,6 @@ def runner_dir(run_directory: str) -> str:
 
 def runner_log(run_directory: str) -> str:
     return os.path.join(run_directory, "runner.log")
-
-
-def durable_run_dir(durable_dir: str, run: str) -> str:
-    return os.path.join(durable_dir, "runs", run)
 
 
 def manifest_path(durable_dir: str, run: str) -> str:
@@ -219,6 +217,7 @@ def parse_spec(data: Any) -> RunSpec:
         monitor_max_bytes=_integer(data.get("monitor_max_bytes", DEFAULT_MONITOR_MAX_BYTES), "monitor_max_bytes", 4096)
         or DEFAULT_MONITOR_MAX_BYTES,
         shard=data.get("shard") or None,
+        launch_id=_name(data["launch_id"], "launch_id") if data.get("launch_id") is not None else None,
     )
     if spec.gpus_per_cell is not None and spec.gpus:
         _require(

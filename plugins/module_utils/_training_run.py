@@ -4,15 +4,16 @@
 
 Every decision that starts something is taken under an flock on ``<data_dir>/runs/.launch.lock``, held until the
 new runner has registered itself in ``run.json``: two launches racing on one box never start two copies of a run,
-nor two runs where ``allow_concurrent`` is off. The runner itself (``_runner``) does the cells; this side writes its
-input (``spec.json``, ``.secrets.json``), installs its code, detaches it and reads back the run's state. Secrets
-reach only the 0600 file: never a message, a result or another file. Pure standard library.
+nor two runs where ``allow_concurrent`` is off. A run name that was torn down, or whose durable copy holds another
+launch, is refused unless the user asks for a new attempt (``_launch_attempt``). The runner itself (``_runner``)
+does the cells; this side writes its input (``spec.json``, ``.secrets.json``), installs its code, detaches it and
+reads back the run's state. Secrets reach only the 0600 file: never a message, a result or another file. Pure
+standard library.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import json
 import os
@@ -20,12 +21,20 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _run_detach as detach
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._command import subprocess_runner
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._deadline import run_with_deadline
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._launch_attempt import (
+    Attempt,
+    AttemptRefused,
+    archive,
+    new_launch_id,
+    plan,
+    recorded_launch_id,
+)
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._run_state import (
     OnDisk,
     done_cells,
@@ -34,9 +43,13 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils._run_state impo
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._runner import RUN_PY, RUNNER_MODULES
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import (
+    RUN_MARKER,
+    LaunchLockBusy,
     Run,
+    launch_lock,
     read_run_registry,
     run_dir,
+    run_json,
     write_json_atomic,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._runspec import (
@@ -49,19 +62,17 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils._runspec import
     spec_json,
 )
 
-LOCK_NAME = ".launch.lock"
 GPU_QUERY = ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"]
 GPU_TIMEOUT_S = 10.0
 DATA_DIR_TIMEOUT_S = 10.0
 LOCK_MARGIN_S = 30.0  # another launch holds the lock for at most its start_timeout_s, plus its writes
-RUN_MARKER = "RGT_RUN_DIR"  # every process the runner starts carries RGT_RUN_DIR=<run_dir> in its environment
 STOP_SETTLE_S = 10.0  # after stop_grace_s, the runner still writes its cells' results and exits
 LOG_TAIL_LINES = 3
 POLL_S = 0.05
 # The keys spec.json takes from the module's options as they are.
 SPEC_OPTIONS = (
     "run", "data_dir", "durable_dir", "workdir", "env_hook", "conda_env", "gpus_per_cell", "max_parallel", "prune",
-    "artifacts", "stop_on_failure", "stop_grace_s", "monitor_interval_s", "monitor_max_bytes", "shard",
+    "artifacts", "stop_on_failure", "stop_grace_s", "monitor_interval_s", "monitor_max_bytes", "shard", "launch_id",
 )  # fmt: skip
 
 
@@ -130,28 +141,6 @@ def _probe_data_dir(data_dir: str) -> None:
         raise LaunchError(f"data_dir {data_dir} did not answer within {DATA_DIR_TIMEOUT_S:g} s (a hung mount?)")
     if "error" in answer or (not answer.get("value") and os.path.lexists(data_dir)):
         raise LaunchError(f"data_dir {data_dir} is not a usable directory")
-
-
-@contextlib.contextmanager
-def launch_lock(data_dir: str, timeout_s: float) -> Iterator[None]:
-    """The box's launch lock; LaunchError when another launch holds it longer than ``timeout_s``."""
-    registry = os.path.join(data_dir, "runs")
-    os.makedirs(registry, exist_ok=True)
-    path = os.path.join(registry, LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError as exc:
-                if time.monotonic() >= deadline:
-                    raise LaunchError(f"another launch on this box held {path} for more than {timeout_s:g} s") from exc
-                time.sleep(0.1)
-        yield
-    finally:
-        os.close(fd)
 
 
 def write_run_files(spec: RunSpec, secrets: Mapping[str, str]) -> str:
@@ -274,13 +263,18 @@ def _detach_kind(requested: str) -> Tuple[str, Optional[str]]:
     return ("tmux", tmux) if requested in ("auto", "tmux") and tmux else ("setsid", None)
 
 
+def _without_launch_id(document: Mapping[str, Any]) -> Dict[str, Any]:
+    return {key: value for key, value in document.items() if key != "launch_id"}
+
+
 def _existing(spec: RunSpec, disk: OnDisk, warn: Callable[[str], None]) -> Optional[Dict[str, Any]]:
     """The result for a run that is alive or done (nothing to start), else None."""
     if not (disk.live or disk.done):
         return None
-    result = facts(spec, spec.data_dir, spec.run, disk)
+    result = dict(facts(spec, spec.data_dir, spec.run, disk), launch_id=recorded_launch_id(disk.record), archived=[])
     on_disk = read_json_quietly(spec_json(spec.run_dir))
-    if on_disk is not None and on_disk != json.loads(json.dumps(spec.to_json())):
+    ours = json.loads(json.dumps(spec.to_json()))
+    if on_disk is not None and _without_launch_id(on_disk) != _without_launch_id(ours):
         warn(f"run {spec.run} on the box has another spec than this launch; give a changed sweep a new run name")
     if not disk.done:
         return dict(result, changed=False, msg=f"run {spec.run} already running (pgid {result['pgid']})")
@@ -306,6 +300,65 @@ def _leftovers(spec: RunSpec, warn: Callable[[str], None]) -> float:
     return spec.stop_grace_s + STOP_SETTLE_S
 
 
+def _archived_text(attempt: Attempt, check_mode: bool) -> str:
+    if not attempt.archives:
+        return ""
+    moves = ", ".join(f"{item.source} -> {item.destination}" for item in attempt.archives)
+    return f"; {'would archive' if check_mode else 'archived'} the earlier attempt: {moves}"
+
+
+@dataclass(frozen=True)
+class _Decision:
+    """What the start decided under the lock: a result when nothing is to start (or check mode), else the plan."""
+
+    spec: RunSpec
+    disk: OnDisk
+    attempt: Attempt
+    skipped: List[str]
+    extra_s: float
+    result: Optional[Dict[str, Any]] = None
+
+
+def _decide(
+    spec: RunSpec, params: Mapping[str, Any], how: str, check_mode: bool, warn: Callable[[str], None]
+) -> _Decision:
+    disk = OnDisk(spec.data_dir, spec.run)
+    if disk.problem:
+        warn(disk.problem)
+    # A box holding the run's run.json resumes the launch recorded there, whatever id this call brings.
+    has_scratch = os.path.lexists(run_json(spec.data_dir, spec.run))
+    box_id = recorded_launch_id(disk.record) if has_scratch else None
+    spec = replace(spec, launch_id=box_id or spec.launch_id or new_launch_id())
+    launch_id = str(spec.launch_id)
+    existing = _existing(spec, disk, warn)
+    if existing is not None:
+        return _Decision(spec, disk, Attempt(launch_id), [], 0.0, existing)
+    _refuse_others(spec, bool(params.get("allow_concurrent")), warn)
+    try:
+        new_attempt = bool(params.get("new_attempt"))
+        attempt = plan(
+            spec.run,
+            spec.data_dir,
+            spec.durable_dir,
+            launch_id=launch_id,
+            has_scratch=has_scratch,
+            new_attempt=new_attempt,
+        )
+    except AttemptRefused as exc:
+        raise LaunchError(str(exc), {"launch_id": launch_id, "archived": []}) from exc
+    skipped = done_cells(spec)
+    extra_s = _leftovers(spec, warn)
+    if not check_mode:
+        return _Decision(spec, disk, attempt, skipped, extra_s)
+    todo = len(spec.cells) - len(skipped)
+    msg = f"would {'resume' if skipped else 'start'} run {spec.run} ({how}): {todo} cell(s) to run"
+    msg += f", skipped (already done): {', '.join(skipped)}" if skipped else ""
+    result = dict(facts(spec, spec.data_dir, spec.run, disk), state="running", detach=how, attach=None)
+    result.update(launch_id=launch_id, archived=[item.as_fact() for item in attempt.archives])
+    result.update(changed=True, resumed=bool(skipped), skipped_cells=skipped, msg=msg + _archived_text(attempt, True))
+    return _Decision(spec, disk, attempt, skipped, extra_s, result)
+
+
 def started(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], None]) -> Dict[str, Any]:
     gpus = params.get("gpus")
     spec, secrets = build_spec(params, list(gpus) if gpus is not None else detect_gpus())
@@ -320,40 +373,41 @@ def started(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], N
     start_timeout_s = params["start_timeout_s"]
     # Another launch holds the lock while its runner registers, which may wait for a dead runner's cells to stop.
     lock = launch_lock(spec.data_dir, start_timeout_s + spec.stop_grace_s + STOP_SETTLE_S + LOCK_MARGIN_S)
-    with contextlib.nullcontext() if check_mode else lock:
-        disk = OnDisk(spec.data_dir, spec.run)
-        if disk.problem:
-            warn(disk.problem)
-        existing = _existing(spec, disk, warn)
-        if existing is not None:
-            return existing
-        _refuse_others(spec, bool(params.get("allow_concurrent")), warn)
-        skipped = done_cells(spec)
-        extra_s = _leftovers(spec, warn)
-        if check_mode:
-            todo = len(spec.cells) - len(skipped)
-            msg = f"would {'resume' if skipped else 'start'} run {spec.run} ({how}): {todo} cell(s) to run"
-            msg += f", skipped (already done): {', '.join(skipped)}" if skipped else ""
-            result = dict(facts(spec, spec.data_dir, spec.run, disk), state="running", detach=how, attach=None)
-            return dict(result, changed=True, resumed=bool(skipped), skipped_cells=skipped, msg=msg)
-        if how == "tmux" and tmux is not None:
-            _tmux_ready(tmux, spec.run)
-        try:
-            run_py = write_run_files(spec, secrets)
-        except OSError as exc:
-            raise LaunchError(f"could not write the run's files under {spec.run_dir}: {exc}") from exc
-        runner = start_runner(spec, how, tmux, run_py, disk.record.get("started_at"))
-        disk = wait_registered(spec, runner, start_timeout_s + extra_s, secrets)
+    try:
+        with contextlib.nullcontext() if check_mode else lock:
+            decision = _decide(spec, params, how, check_mode, warn)
+            if decision.result is not None:
+                return decision.result
+            spec, attempt = decision.spec, decision.attempt
+            archived = [item.as_fact() for item in attempt.archives]
+            try:
+                if how == "tmux" and tmux is not None:
+                    _tmux_ready(tmux, spec.run)
+                archive(attempt)
+                try:
+                    run_py = write_run_files(spec, secrets)
+                except OSError as exc:
+                    raise LaunchError(f"could not write the run's files under {spec.run_dir}: {exc}") from exc
+                runner = start_runner(spec, how, tmux, run_py, decision.disk.record.get("started_at"))
+                disk = wait_registered(spec, runner, start_timeout_s + decision.extra_s, secrets)
+            except AttemptRefused as exc:
+                done = [item.as_fact() for item in exc.done]
+                raise LaunchError(str(exc), {"launch_id": spec.launch_id, "archived": done}) from exc
+            except LaunchError as exc:  # an archive (a rename) stays done: the failure says where the copy went
+                exc.facts.update(launch_id=spec.launch_id, archived=archived)
+                raise
+    except LaunchLockBusy as exc:
+        raise LaunchError(str(exc)) from exc
     result = facts(spec, spec.data_dir, spec.run, disk)
-    result["skipped_cells"] = result["skipped_cells"] or skipped
-    result.update(changed=True, resumed=bool(result["skipped_cells"]))
+    result["skipped_cells"] = result["skipped_cells"] or decision.skipped
+    result.update(changed=True, resumed=bool(result["skipped_cells"]), launch_id=spec.launch_id, archived=archived)
     where = f"{result['detach']}, pgid {result['pgid']}"
     msg = f"run {spec.run} {'resumed' if result['resumed'] else 'started'} ({where}): {len(spec.cells)} cell(s)"
     if result["skipped_cells"]:
         msg += f", skipped (already done): {', '.join(result['skipped_cells'])}"
     if not disk.live:
         msg += f"; its runner already ended ({result['state']})"
-    return dict(result, msg=msg)
+    return dict(result, msg=msg + _archived_text(attempt, False))
 
 
 def stopped(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], None]) -> Dict[str, Any]:
@@ -369,7 +423,8 @@ def stopped(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], N
         spec: Optional[RunSpec] = load_spec(disk.run_dir)
     except (OSError, ValueError):
         spec = None
-    result = facts(spec, data_dir, run, disk)
+    launch = {"launch_id": recorded_launch_id(disk.record), "archived": []}
+    result = dict(facts(spec, data_dir, run, disk), **launch)
     markers = [f"{RUN_MARKER}={disk.run_dir}"]
     # A dead runner's ids may name other processes by now: only the run's marker finds what it left running.
     target = disk.registered if disk.live and disk.registered is not None else Run(run, disk.run_dir)
@@ -382,7 +437,7 @@ def stopped(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], N
         return dict(result, changed=True, msg=f"would stop {what}, SIGKILL after {grace:g} s")
     outcome = detach.stop_run(target, grace, markers, STOP_SETTLE_S)
     after = OnDisk(data_dir, run)
-    result = dict(facts(spec, data_dir, run, after), detach=result["detach"], changed=True)
+    result = dict(facts(spec, data_dir, run, after), **launch, detach=result["detach"], changed=True)
     if outcome.left:
         pids = ", ".join(str(pid) for pid in outcome.left[:10])
         raise LaunchError(f"run {run}: {len(outcome.left)} process(es) survived SIGKILL: {pids}", result)

@@ -7,76 +7,56 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: meter_stop
-short_description: Stop a rented instance's billing through the provider's CLI or API and prove it stopped
+short_description: Stop a rented instance's billing with a declared verb and prove it stopped
 version_added: "0.1.0"
 description:
   - Runs on the controller (C(delegate_to localhost)), where the provider's CLI and its credentials live. The
-    platform profiles (C(inventories/group_vars/<platform>.yml)) hold the argv lists for each provider
-    (C(meter_stop_cmd), C(meter_stop_status_cmd), C(meter_stop_status_key), C(meter_stop_final_states),
-    C(meter_stop_gone_pattern)).
-  - B(Flow.) Every option is checked first; an empty argv element (an unset C(instance_id) templated to C("")) is
-    refused, naming it, and nothing runs. In check mode nothing runs at all, not even the status command, and
+    platform profiles (C(inventories/group_vars/<platform>.yml)) declare each verb once under C(meter_stop_verbs)
+    and pick one with C(meter_stop_verb); pass them as O(verbs) and O(verb). docs/teardown.md describes every
+    platform's verbs.
+  - B(One declaration per verb.) O(verbs) maps a verb name to C(command) (the argv), C(status) (how its state is
+    read), C(final_states), C(survives) (which of C(data_dir), C(durable_dir) outlive it) and C(irreversible); or,
+    for a verb done in a console, C(manual_steps) with C(survives) and C(irreversible). The name is only a label;
+    what the verb does is what its declaration says, and a C(command) that says delete, destroy, terminate, remove,
+    rm or release must be declared C(irreversible), which can not list C(data_dir) in C(survives).
+  - B(Flow.) The declaration is checked first; an empty argv element (an unset C(instance_id) rendered to C("")) or
+    an unrendered template is refused, naming it, and nothing runs. In check mode nothing runs at all, and
     RV(would_run) names the command. Otherwise the status command runs once; when it reports a final state, or the
-    instance is gone, the command is B(not) run (C(changed=false), RV(already)). Else O(command) runs; a non-zero
-    exit fails the module unless its output matches O(gone_pattern). Then O(status_command) is polled every
-    O(poll_interval_s) until it reports one of O(final_states) or the instance is gone, or O(timeout_s) has passed.
-  - B(An exit status of 0 proves nothing.) C(vastai destroy instance ID) without C(-y) asks for confirmation, reads
-    end-of-file and aborts with status 0 while the instance keeps billing; a sticky API accepts a stop and ignores
-    it. Only the polled status counts, and a command that exited 0 while the instance is still running after
-    O(timeout_s) fails the module (C(the meter-stop command exited 0 but the instance ... is still RUNNING after
-    300 s)).
-  - B(Reading the status.) The status command's stdout must be JSON (a status command that exits non-zero has no
-    state). O(status_key) is a dotted path of object keys into it (C(desiredStatus), C(actual_status),
-    C(data.status)). Output that is not JSON, a path step that is missing or is not an object (a list, C(null)), or
-    a value that is not a non-empty string (a number, C(NaN), C(null)) make that poll's state C(unknown); polling
-    goes on, and RV(status_output_tail) shows what the command printed.
-  - B(States compare exactly), case included; V(EXITED) is not V(exited). Write O(final_states) as the provider
-    prints them.
-  - B(Gone.) O(gone_pattern) is searched in the status command's stdout and stderr (the last 64 KiB of each), and
-    in the meter-stop command's output when it exits non-zero. It is only consulted when no state was read, so a status
-    that names a state is never taken for gone, and never for the runner's own verdicts (a timeout, rc 124; a
-    missing or non-executable program, rc 127 and 126, whose C(command not found) would otherwise match
-    C(not found)). A meter-stop command that failed saying gone is then polled like one that exited 0, so the status
-    command has to agree.
+    instance is gone, the command is B(not) run (C(changed=false), RV(already)). Else the C(cli_check) runs, if
+    declared, and a CLI that fails it is refused before the verb runs. Then the command runs (a non-zero exit fails
+    the module) and the status is polled every O(poll_interval_s) until a final state or gone, or O(timeout_s).
+  - B(An exit status of 0 proves nothing.) C(vastai destroy instance ID) without C(-y) asks, reads end-of-file and
+    aborts with status 0 while the instance keeps billing; only the polled status counts.
+  - B(Reading the status.) C(status.command) must exit 0 and print JSON; anything else (a traceback, C(API key not
+    found), a timeout, a missing program, text) is C(unknown), never gone, and RV(status_error) says why. With
+    C(status.list) (a dotted path to the list of the account's instances, C("") for the whole output), the instance
+    whose C(status.id_key) (default C(id)) equals C(status.id) is read, and an instance B(missing from a list that
+    was read) is gone; a listed entry without that key, or two with the id, are C(unknown). Without C(status.list)
+    the output is the instance itself. C(status.state_key) is a dotted path to the state, a non-empty string.
+    States compare exactly, case included.
+  - B(cli_check.) C(cli_check.command) must exit 0 and print C(cli_check.pattern) (a Python regular expression),
+    else the verb is refused with C(cli_check.need) in the message (for example the Vast.ai profile checks that
+    C(vastai destroy instance --help) shows C(-y, --yes), which older releases reject).
+  - B(Nothing the provider prints is kept) but the states read and one short error line, from which values of
+    token, key, secret and password fields, bearer credentials and long hex or base64 runs are removed (Lambda's
+    instance list carries a C(jupyter_token)).
   - Every command runs without a shell, stdin from C(/dev/null), C(LC_ALL=C), within O(command_timeout_s). The
-    whole module takes at most about O(timeout_s) + 2 x O(command_timeout_s) + O(poll_interval_s) after the first
-    status poll. Output tails are at most 2000 characters.
+    whole module takes at most about O(timeout_s) + 3 x O(command_timeout_s) + O(poll_interval_s) after the first
+    status poll.
 author:
   - remote_gpu.trainer contributors (@remote-gpu-trainer)
 options:
-  command:
+  verbs:
     description:
-      - The argv that stops the meter, for example V([runpodctl, pod, stop, ID]). No element may be empty.
-    type: list
-    elements: str
+      - The declared verbs (a profile's C(meter_stop_verbs)), rendered, as described above.
+    type: dict
     required: true
-  status_command:
+  verb:
     description:
-      - The argv that prints the instance's status as JSON, for example V([runpodctl, pod, get, ID]). No element may be
-        empty.
-    type: list
-    elements: str
-    required: true
-  status_key:
-    description:
-      - Dotted path of JSON object keys to the state string in the status command's stdout (V(desiredStatus),
-        V(actual_status), V(data.status)); no empty step and no whitespace.
+      - The verb to run, a key of O(verbs). V(none) stops nothing (C(changed=false)); a verb with C(manual_steps)
+        fails the module with the steps, since the instance bills until someone follows them.
     type: str
     required: true
-  final_states:
-    description:
-      - The states that mean the meter stopped, compared exactly (case-sensitive), for example V([EXITED, TERMINATED]).
-      - May be empty only when O(gone_pattern) is set (a verb after which the instance no longer exists).
-    type: list
-    elements: str
-    required: true
-  gone_pattern:
-    description:
-      - Python regular expression that, searched in the output, says the instance no longer exists (which counts as
-        stopped). Empty never matches. Keep it specific enough that an authentication error cannot match it (the
-        RunPod profile's wants the word C(pod) before C(not found), so C(API key not found) does not match).
-    type: str
-    default: ""
   timeout_s:
     description:
       - Seconds, after the meter-stop command returned, to wait for a final state; between 0 and 86400 (0 polls once).
@@ -89,7 +69,8 @@ options:
     default: 5
   command_timeout_s:
     description:
-      - Seconds each command (the meter-stop command and each status poll) may take; above 0 and at most 3600.
+      - Seconds each command (the check, the meter-stop command and each status poll) may take; above 0 and at most
+        3600.
     type: float
     default: 60
 extends_documentation_fragment:
@@ -104,29 +85,37 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Stop a RunPod pod and wait until RunPod reports it EXITED
+- name: Stop the box's meter with its profile's declared verb
   remote_gpu.trainer.meter_stop:
-    command: [runpodctl, pod, stop, "{{ instance_id }}"]
-    status_command: [runpodctl, pod, get, "{{ instance_id }}"]
-    status_key: desiredStatus
-    final_states: [EXITED, TERMINATED]
-    gone_pattern: '(?i)\bpod\b.*\bnot found'
+    verbs: "{{ meter_stop_verbs }}"
+    verb: "{{ meter_stop_verb }}"
   delegate_to: localhost
 
-- name: Destroy a Vast.ai instance (-y, or the CLI aborts with status 0)
+- name: Delete a RunPod pod, read from the account's pod list (a pod missing from it is gone)
   remote_gpu.trainer.meter_stop:
-    command: [vastai, destroy, instance, "{{ instance_id }}", -y]
-    status_command: [vastai, show, instance, "{{ instance_id }}", --raw]
-    status_key: actual_status
-    final_states: [exited, stopped]
-    gone_pattern: '(?i)not found|no such'
+    verb: delete
+    verbs:
+      delete:
+        command: [runpodctl, pod, delete, "{{ instance_id }}"]
+        status:
+          command: [runpodctl, pod, list, --all, --output, json]
+          list: ""
+          id: "{{ instance_id }}"
+          state_key: desiredStatus
+        final_states: [TERMINATED]
+        survives: []
+        irreversible: true
     timeout_s: 600
   delegate_to: localhost
 """
 
 RETURN = r"""
+verb:
+  description: The verb run (O(verb)).
+  returned: always
+  type: str
 command:
-  description: The meter-stop argv (run, or not run when RV(already) or in check mode).
+  description: The meter-stop argv (run, or not run when RV(already), refused or in check mode).
   returned: always
   type: list
   elements: str
@@ -135,12 +124,18 @@ would_run:
   returned: check mode
   type: list
   elements: str
+manual_steps:
+  description: The console steps of a verb done by hand (the module fails, since the instance still bills).
+  returned: when O(verb) declares manual_steps
+  type: list
+  elements: str
 final_state:
-  description: The final state the last poll read (one of O(final_states)), or null (gone, not stopped, check mode).
+  description: The final state the last poll read (one of the verb's final_states), or null (gone, not stopped, check
+    mode).
   returned: always
   type: str
 gone:
-  description: The last poll found that the instance no longer exists (counts as stopped).
+  description: The last poll read the instance's absence from the listed instances (counts as stopped).
   returned: always
   type: bool
 already:
@@ -148,7 +143,7 @@ already:
   returned: always
   type: bool
 polls:
-  description: Status polls run, the first one included (0 in check mode or when the options were refused).
+  description: Status polls run, the first one included (0 in check mode or when the declaration was refused).
   returned: always
   type: int
 states:
@@ -161,12 +156,14 @@ command_rc:
   description: The meter-stop command's exit status (124 timed out, 127 program missing), or null when it did not run.
   returned: always
   type: int
-command_output_tail:
-  description: The last 2000 characters of the meter-stop command's stdout and stderr; empty when it did not run.
+command_error:
+  description: 'Why the meter-stop command failed, one scrubbed line (for example C(exited 1: Error: failed to stop pod
+    p1)); empty when it did not fail.'
   returned: always
   type: str
-status_output_tail:
-  description: The last 2000 characters of the last status poll's stdout and stderr.
+status_error:
+  description: 'Why the last status poll read no state, one scrubbed line (for example C(exited 1: API key not
+    found)); empty when it read a state or gone.'
   returned: always
   type: str
 msg:
@@ -181,53 +178,52 @@ from typing import Any, Dict
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._meter_stop import (
+    NO_VERB,
     MeterStopError,
     meter_stop,
-    plan_from,
+    parse_verb,
+    plan_for,
 )
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import Between, option_problems
 
 ARGUMENT_SPEC: Dict[str, Dict[str, Any]] = {
-    "command": {"type": "list", "elements": "str", "required": True},
-    "status_command": {"type": "list", "elements": "str", "required": True},
-    "status_key": {"type": "str", "required": True, "no_log": False},  # a JSON key path, not a secret
-    "final_states": {"type": "list", "elements": "str", "required": True},
-    "gone_pattern": {"type": "str", "default": ""},
+    "verbs": {"type": "dict", "required": True},
+    "verb": {"type": "str", "required": True},
     "timeout_s": {"type": "float", "default": 300.0},
     "poll_interval_s": {"type": "float", "default": 5.0},
     "command_timeout_s": {"type": "float", "default": 60.0},
 }
-# What the argument spec cannot check; the DOCUMENTATION of each option states its rule.
-OPTION_BOUNDS = {
-    "timeout_s": Between(0, 86400),
-    "poll_interval_s": Between(0, 3600, above_low=True),
-    "command_timeout_s": Between(0, 3600, above_low=True),
-}
 
 
-def _empty_result(module: AnsibleModule) -> Dict[str, Any]:
+def _result(verb: str, command: Any = None) -> Dict[str, Any]:
+    """Every return key, for a run that stopped before the first poll."""
     return {
-        "command": list(module.params["command"]),
+        "verb": verb,
+        "command": list(command or []),
         "final_state": None,
         "gone": False,
         "already": False,
         "polls": 0,
         "states": [],
         "command_rc": None,
-        "command_output_tail": "",
-        "status_output_tail": "",
+        "command_error": "",
+        "status_error": "",
     }
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    problems = option_problems(module.params, OPTION_BOUNDS)
-    if problems:
-        module.fail_json(msg="; ".join(problems), **_empty_result(module))
+    params = module.params
     try:
-        plan = plan_from(module.params)
+        verb = parse_verb(params["verbs"], params["verb"])
     except ValueError as exc:
-        module.fail_json(msg=str(exc), **_empty_result(module))
+        module.fail_json(msg=str(exc), **_result(params["verb"]))
+    if verb.name == NO_VERB:
+        module.exit_json(changed=False, msg="verb none: nothing is stopped", **_result(verb.name))
+    try:
+        plan = plan_for(verb, params["timeout_s"], params["poll_interval_s"], params["command_timeout_s"])
+    except ValueError as exc:
+        extra = {"manual_steps": list(verb.manual_steps)} if verb.manual_steps else {}
+        module.fail_json(msg=str(exc), **_result(verb.name, verb.command), **extra)
     try:
         changed, result = meter_stop(plan, module.check_mode)
     except MeterStopError as exc:

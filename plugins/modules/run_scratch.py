@@ -7,31 +7,42 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: run_scratch
-short_description: Remove a torn-down run's scratch files, refusing anything that is not scratch
+short_description: Remove torn-down runs' scratch files, re-checking the durable copy and refusing anything that
+  is not scratch
 version_added: "0.2.0"
 description:
-  - The last box step of teardown, after its gate passed. Removes C(<data_dir>/runs/<run>) and each of
-    O(extra_paths), then writes the tombstone C(<data_dir>/runs/.torn_down/<run>.json) (atomically) with C(run),
-    C(removed_at) (ISO 8601 UTC) and C(removed) (C(path), C(files), C(bytes) per removed path, added to those of an
-    earlier tombstone of the run).
-  - B(Refusals.) Every target is resolved (realpath) and checked, all of them before any is removed; one refusal
-    fails the module and removes nothing. A target is refused when it resolves to C(/); to a home directory (the
-    password database's, C(/root), C(/home), C(/home/*), C($HOME)) or holds one; to a mount point
+  - The last box step of teardown, after its gate passed. For each run of O(runs), in order, removes
+    C(<data_dir>/runs/<run>), then each of O(extra_paths) once, after every run.
+  - B(Refusals.) Every target of every run is resolved (realpath) and checked, all of them before any is removed;
+    one refusal fails the module and removes nothing. A target is refused when it resolves to C(/); to a home
+    directory (the password database's, C(/root), C(/home), C(/home/*), C($HOME)) or holds one; to a mount point
     (C(/proc/self/mountinfo) or C(os.path.ismount)) or a tree holding one (a directory on another device, found by
     walking the tree without following links); to a path not strictly inside the resolved O(data_dir) (so also
     O(data_dir) itself, and a run directory that is a link pointing elsewhere); to O(durable_dir), or the
-    durable_dir the run's C(run.json) records, or a path inside or holding either; when a directory in it cannot be
+    durable_dir a run's C(run.json) records, or a path inside or holding either; when a directory in it cannot be
     read. An extra path is also refused when it is relative, holds a C(..) component, holds C(<data_dir>/runs) or
-    lies inside another run's directory. The run is refused while it is alive (its runner lives, or a process
-    carrying its C(RGT_RUN_DIR) does) and while its C(run.json) cannot be read. A O(data_dir) that resolves to C(/)
-    is refused.
+    lies inside a run's directory other than those of O(runs). A run is refused while it is alive (its runner
+    lives, or a process carrying its C(RGT_RUN_DIR) does) and while its C(run.json) cannot be read (unless its
+    tombstone says C(removing)). A O(data_dir) that resolves to C(/) is refused. A O(durable_dir) elsewhere inside
+    O(data_dir) (C(/workspace/durable) in C(/workspace)) is fine.
+  - B(The tombstone first.) Before the first file of a run goes, its tombstone
+    C(<data_dir>/runs/.torn_down/<run>.json) is written (atomically) with C(state=removing), C(started_at) and
+    C(removing) (what is about to go); after the run's directory is gone it says C(state=removed), C(removed_at)
+    and C(removed) (C(path), C(files), C(bytes), C(run) per removed path, added to those of an earlier tombstone;
+    the extra paths are added to every run's). A removal stopped halfway (its deadline, an error) leaves
+    C(removing); a re-run does not need the gone C(run.json), re-checks the durable copy and finishes.
+  - B(The durable copy, checked again.) Immediately before a cell's scratch C(cells/<cell>) is removed, that
+    cell's durable files (O(expected), else the lines of C(<durable_dir>/runs/<run>/MANIFEST.sha256)) are hashed
+    again under O(timeout_s); the run's remaining ones before the rest of its directory. Any difference (size,
+    sha256, missing, now a symbolic link) stops the module, failed, with nothing more removed; RV(removed) says what
+    already went and RV(durable_mismatch) what differed.
   - B(Links are never followed.) A target that is a symbolic link is unlinked (what it points at stays); links
     inside a removed tree are unlinked, so a link into the durable directory never costs a durable file.
   - Before removing, the module takes the box's launch lock (C(<data_dir>/runs/.launch.lock), as
-    C(training_run) does), checks again that the run is not alive, and checks that each target is still the
-    file it checked (device and inode).
-  - A missing target is nothing to do; when nothing existed the module returns C(changed=false) and leaves an
-    earlier tombstone as it is (so a second teardown is a no-op).
+    C(training_run) does), checks again that no run is alive, and checks that each target is still the file it
+    checked (device and inode).
+  - A missing target is nothing to do; when nothing existed and no removal was unfinished the module returns
+    C(changed=false) and leaves every tombstone as it is (so a second teardown is a no-op).
   - Checks and removal run in forked children under O(timeout_s), so a hung mount fails the module instead of
     hanging it.
 author:
@@ -39,29 +50,41 @@ author:
 requirements:
   - Linux (C(/proc)), Python 3.8+.
 options:
-  run:
-    description: The run's name, its directory under C(<data_dir>/runs/); matches C(^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$).
-    type: str
+  runs:
+    description: The runs to remove, each a directory name under C(<data_dir>/runs/) matching
+      C(^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$); at least one.
+    type: list
+    elements: str
     required: true
+    aliases: [run]
   data_dir:
     description: The profile's scratch directory (absolute), holding C(runs/<run>/). Every target must lie inside it.
     type: path
     required: true
   durable_dir:
     description: The profile's durable directory (absolute); nothing inside, equal to or holding it is removed.
+      Required when O(expected) lists files.
     type: path
   extra_paths:
     description: More absolute paths inside O(data_dir) to remove (the profile's C(scratch_extra_paths)).
     type: list
     elements: path
     default: []
+  expected:
+    description:
+      - Per run name, the files its durable copy must hold, each C(path) (relative to C(<durable_dir>/runs/<run>/),
+        for example C(cells/a/best.pth)), C(size) and C(sha256); the run's C(artifacts) from
+        M(remote_gpu.trainer.teardown_gate).
+      - A run missing here is checked against its C(MANIFEST.sha256), when there is one.
+    type: dict
+    default: {}
   state:
     description: V(absent) removes the scratch; the only state.
     type: str
     choices: [absent]
     default: absent
   timeout_s:
-    description: Seconds the checks and the removal together may take, above 0 and at most 86400.
+    description: Seconds the checks, the re-hashing and the removal together may take, above 0 and at most 86400.
     type: float
     default: 600
 extends_documentation_fragment:
@@ -77,24 +100,27 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Remove the run's scratch (the gate passed, the user confirmed)
+- name: Remove the runs' scratch (the gate passed, the user confirmed)
   remote_gpu.trainer.run_scratch:
-    run: abl-2026-12
+    runs: [abl-2026-12]
     data_dir: /root/autodl-tmp
     durable_dir: /root/autodl-fs
     extra_paths: [/root/autodl-tmp/hf_cache]
+    expected:
+      abl-2026-12: "{{ gate.runs[0].artifacts }}"
   register: scratch
 """
 
 RETURN = r"""
 msg:
   description: One line, for example C(removed 1 path(s\), 12 file(s\), 3221225472 bytes of run abl), C(would
-    remove ...) or C(nothing to remove for run abl (torn down at ...\)); on failure why, naming the path.
+    remove ...) or C(nothing to remove for run abl (torn down at ...\)); on failure why, naming the run, the cell
+    and the path.
   returned: always
   type: str
 removed:
-  description: What was removed (empty in check mode), one entry per target; on a failed removal, what went before
-    the failure.
+  description: What was removed (empty in check mode), one entry per target; on a failure, what went before it
+    (a run stopped halfway by one entry per removed cell).
   returned: always
   type: list
   elements: dict
@@ -102,16 +128,32 @@ removed:
     path: {description: The target as named (normalised)., type: str}
     files: {description: 'Files, links and other non-directories in it (1 for a file or a link).', type: int}
     bytes: {description: Sum of the sizes of its regular files., type: int}
+    run: {description: 'The run it belongs to; null for an extra path.', type: str}
 would_remove:
   description: In check mode, what would be removed (same keys as RV(removed)); empty otherwise.
   returned: always
   type: list
   elements: dict
-tombstone:
-  description: The tombstone's path when it was written now, would be written (check mode) or exists from an
-    earlier teardown; null when there is none.
+runs:
+  description: One entry per run of O(runs).
   returned: always
-  type: str
+  type: list
+  elements: dict
+  contains:
+    run: {description: The run's name., type: str}
+    state:
+      description: C(removed) (now), C(already_removed) (an earlier teardown), C(nothing) (no scratch, no
+        tombstone), C(would_remove) (check mode), C(pending) (not reached) or C(stopped) (its removal stopped
+        halfway; its tombstone says C(removing)).
+      type: str
+    tombstone: {description: 'Its tombstone''s path (written, would be written, or from earlier), or null.', type: str}
+    verified: {description: Durable files hashed again before its scratch went., type: int}
+durable_mismatch:
+  description: The durable file that differed from O(expected) (or the manifest) when the module stopped, with
+    C(run), C(cell), C(path), C(problem) and, where known, C(size), C(sha256), C(expected_size), C(expected_sha256);
+    null otherwise.
+  returned: always
+  type: dict
 refused:
   description: The module failed on a refusal (nothing was removed).
   returned: always
@@ -129,10 +171,11 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._run_scratch import ScratchFailure, run_scratch
 
 ARGUMENT_SPEC = {
-    "run": {"type": "str", "required": True},
+    "runs": {"type": "list", "elements": "str", "required": True, "aliases": ["run"]},
     "data_dir": {"type": "path", "required": True},
     "durable_dir": {"type": "path"},
     "extra_paths": {"type": "list", "elements": "path", "default": []},
+    "expected": {"type": "dict", "default": {}},
     "state": {"type": "str", "choices": ["absent"], "default": "absent"},
     "timeout_s": {"type": "float", "default": 600.0},
 }
@@ -145,7 +188,8 @@ def main() -> None:
     try:
         result = run_scratch(module.params, module.check_mode)
     except ValueError as exc:  # a bad run name or a relative path: the message names the option
-        module.fail_json(msg=str(exc), refused=False, problems=[], removed=[], would_remove=[], tombstone=None)
+        empty = {"removed": [], "would_remove": [], "runs": [], "durable_mismatch": None}
+        module.fail_json(msg=str(exc), refused=False, problems=[], **empty)
     except ScratchFailure as exc:
         module.fail_json(msg=str(exc), **exc.facts)
     module.exit_json(**result)

@@ -7,13 +7,19 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: teardown_gate
-short_description: Check on the box that a run's scratch may go - nothing runs, every cell is done, the durable
-  copy verifies now
+short_description: Check on the box that runs' scratch may go and, before a meter-stop, that the whole instance
+  may stop
 version_added: "0.1.0"
 description:
-  - The box's part of the teardown role's gate, on the run layout of the collection's run layout contract
-    (C(<data_dir>/runs/<run>/) and C(<durable_dir>/runs/<run>/)). It checks, in order, and stops at the first step
-    that fails (RV(step), RV(reason)).
+  - The box's part of teardown's gate, on the collection's run layout contract (C(<data_dir>/runs/<run>/) and
+    C(<durable_dir>/runs/<run>/)). One call judges every run of O(runs) (every run on the box when empty) and,
+    with O(instance), the box itself. Each run stops at its first failed step; RV(step) and RV(reason) are the
+    first failure in the order C(instance_id), C(run_alive), C(cells), C(durable), C(other_runs),
+    C(same_filesystem).
+  - B(instance_id.) With O(instance_id), each variable of O(instance_id_env) is read from the module's
+    environment, then from C(/proc/1/environ) (containers keep the platform's variables in PID 1's environment).
+    A value that is neither O(instance_id) nor C(C.) followed by it (Vast.ai's label) refuses. When the box tells
+    no id, the gate passes with RV(instance.id_checked) false and a note.
   - B(run_alive.) The run is found, its runner is not alive (the PID-reuse guard of C(training_run)) and no process
     carrying the run's C(RGT_RUN_DIR) in its environment is left (a worker that called C(setsid) still counts).
   - B(cells.) Every cell of C(run.json) is done (C(succeeded), with its sync C(verified), or C(skipped) where the
@@ -21,30 +27,48 @@ description:
   - B(durable.) Every artifact recorded in the done cells' C(result.json) is under C(<durable_dir>/runs/<run>/),
     a regular file (not a symbolic link, not reached through one out of that directory), whose size and a sha256
     recomputed now equal the record; C(MANIFEST.sha256) holds the same size and sha256 for it; and the scratch
-    file it was copied from, where it still exists, hashes the same (else the copy is stale). The durable copy must
-    not lie inside O(data_dir). A run that secured no artifacts fails here unless O(accept_no_artifacts).
-  - A run the teardown role already removed (the tombstone C(<data_dir>/runs/.torn_down/<run>.json) written by
-    M(remote_gpu.trainer.run_scratch), no run directory) passes the first two steps, and its durable copy is
-    recomputed against its C(MANIFEST.sha256).
-  - Read-only. Every read of O(durable_dir) happens in a forked child under O(verify_timeout_s), so a hung mount
-    fails the gate instead of hanging the play.
+    file it was copied from, where it still exists, hashes the same (else the copy is stale). Neither the durable
+    copy nor O(durable_dir) (resolved) may overlap what teardown removes, C(<data_dir>/runs) or an entry of
+    O(scratch_extra_paths); a durable_dir elsewhere inside O(data_dir) (C(/workspace/durable) in
+    C(/workspace)) is fine. A run that secured no artifacts fails here unless O(accept_no_artifacts).
+  - A run already torn down (the tombstone C(<data_dir>/runs/.torn_down/<run>.json) written by
+    M(remote_gpu.trainer.run_scratch), no run directory), or whose removal did not finish (tombstone state
+    C(removing), run directory half gone), passes the first two steps, and its durable copy is recomputed
+    against its C(MANIFEST.sha256).
+  - B(other_runs.) With O(instance), every other run on the box (a directory under C(<data_dir>/runs/), or a
+    tombstone) must be torn down already (tombstone, no scratch), and no live process may carry any run's
+    marker, unless the run is named in O(abandon_runs). A refusal names each such run, its state and what it
+    would lose; abandoned runs never refuse and are listed with what they lose.
+  - B(same_filesystem.) With O(instance) and O(irreversible), O(durable_dir) (or its nearest existing parent)
+    must not have the C(st_dev) of O(data_dir), since an irreversible verb destroys both.
+  - Read-only. Every read of O(data_dir) and O(durable_dir) happens in a forked child under a deadline, so a
+    hung mount fails the gate instead of hanging the play.
 author:
   - remote_gpu.trainer contributors (@remote-gpu-trainer)
 requirements:
   - Linux (C(/proc)), Python 3.8+ on the box.
 options:
-  run:
-    description: The run's name, its directory under C(<data_dir>/runs/); matches C(^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$).
-    type: str
-    required: true
+  runs:
+    description: The runs to tear down, each a directory name under C(<data_dir>/runs/) matching
+      C(^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$); empty means every run on the box.
+    type: list
+    elements: str
+    default: []
+    aliases: [run]
   data_dir:
     description: The profile's scratch directory (absolute), holding C(runs/<run>/).
     type: path
     required: true
   durable_dir:
-    description: The profile's durable directory (absolute), holding C(runs/<run>/). Required when the run has
+    description: The profile's durable directory (absolute), holding C(runs/<run>/). Required when a run has
       artifacts.
     type: path
+  scratch_extra_paths:
+    description: The absolute paths teardown removes beside the runs' directories (the profile's
+      C(scratch_extra_paths)); the durable copy must not overlap any of them.
+    type: list
+    elements: path
+    default: []
   accept_incomplete_cells:
     description: Cells that may be unfinished (failed, never run, sync failed); their artifacts are not checked.
     type: list
@@ -55,9 +79,36 @@ options:
       tracker). Without it such a run is refused, since its scratch would be the only copy.
     type: bool
     default: false
+  instance:
+    description: The teardown stops the instance's meter, so the gate judges the whole box (C(other_runs),
+      C(same_filesystem)), not only O(runs).
+    type: bool
+    default: false
+  abandon_runs:
+    description: Other runs on the box the user gives up (with O(instance)); each is listed with what it loses
+      and never refuses. A run may not be in both O(runs) and O(abandon_runs).
+    type: list
+    elements: str
+    default: []
+  instance_id:
+    description: The instance the controller is about to stop; checked against the id the box tells
+      (O(instance_id_env)). Empty skips the check.
+    type: str
+    default: ''
+  instance_id_env:
+    description: Environment variables that hold the box's own instance id, in order (C(RUNPOD_POD_ID);
+      C(CONTAINER_ID), C(VAST_CONTAINERLABEL)).
+    type: list
+    elements: str
+    default: []
+  irreversible:
+    description: The meter-stop verb destroys the instance's disks (with O(instance)); then O(durable_dir) on the
+      filesystem of O(data_dir) refuses.
+    type: bool
+    default: false
   verify_timeout_s:
-    description: Deadline in seconds for reading and hashing the durable copy and the scratch files, each; 1 to
-      86400.
+    description: Deadline in seconds for reading and hashing each run's durable copy and scratch files, each; 1
+      to 86400.
     type: float
     default: 1800
 extends_documentation_fragment:
@@ -72,11 +123,16 @@ seealso:
 """
 
 EXAMPLES = r"""
-- name: Check that the run's results are safe before tearing the box down
+- name: Check that every run on the box is safe before a RunPod pod is deleted
   remote_gpu.trainer.teardown_gate:
-    run: sweep-lr
+    runs: [sweep-lr]
     data_dir: /workspace
     durable_dir: /workspace/durable
+    instance: true
+    irreversible: true
+    instance_id: abc123xyz
+    instance_id_env: [RUNPOD_POD_ID]
+    abandon_runs: [smoke-test]
   register: gate
 
 - name: Refuse when the gate did not pass
@@ -87,59 +143,71 @@ EXAMPLES = r"""
 
 RETURN = r"""
 passed:
-  description: Every step passed.
+  description: Every run and every instance check passed.
   returned: always
   type: bool
 step:
-  description: The first step that failed, C(run_alive), C(cells) or C(durable); null when the gate passed.
+  description: The first failed step, C(instance_id), C(run_alive), C(cells), C(durable), C(other_runs) or
+    C(same_filesystem); null when the gate passed.
   returned: always
   type: str
 reason:
-  description: One line saying why that step failed; empty when the gate passed.
+  description: One line saying why that step failed, naming the run; empty when the gate passed.
   returned: always
   type: str
-  sample: "durable copy does not match: cells/a/best.pth: 1024 bytes, expected 4096"
-run:
-  description: C(name), C(state) (C(running), C(stopped), C(done), C(absent) or C(torn_down)), and from
-    C(run.json) C(pgid), C(sid) and C(started_at).
-  returned: always
-  type: dict
-cells:
-  description: Per cell of C(run.json), C(name), C(status) (C(succeeded), C(failed), or null without a result),
-    C(sync), C(done) and C(accepted) (unfinished, but named in O(accept_incomplete_cells)).
+  sample: "run r1: durable copy does not match: cells/a/best.pth: 1024 bytes, expected 4096"
+runs:
+  description: One entry per run judged, in order.
   returned: always
   type: list
   elements: dict
-missing_cells:
-  description: The cells neither done nor accepted.
-  returned: always
-  type: list
-  elements: str
-durable:
+  contains:
+    passed: {description: The run passed every step., type: bool}
+    step: {description: 'The run''s first failed step, or null.', type: str}
+    reason: {description: 'Why, or empty.', type: str}
+    run:
+      description: C(name), C(state) (C(running), C(stopped), C(done), C(absent), C(torn_down) or C(removing)),
+        and from C(run.json) C(pgid), C(sid) and C(started_at).
+      type: dict
+    cells:
+      description: Per cell of C(run.json), C(name), C(status) (C(succeeded), C(failed), or null without a
+        result), C(sync), C(done) and C(accepted) (unfinished, but named in O(accept_incomplete_cells)).
+      type: list
+      elements: dict
+    missing_cells: {description: The cells neither done nor accepted., type: list, elements: str}
+    durable:
+      description:
+        - C(dir) (C(<durable_dir>/runs/<run>)), C(exists), C(files) and C(bytes) compared, C(mismatches) (each
+          C(path) and C(problem), with C(size), C(sha256), C(expected_size) and C(expected_sha256) where known),
+          C(manifest) (C(path), C(sha256) of the manifest file, C(lines), C(bad_lines)) and C(extra) (files there
+          that the manifest does not list).
+      type: dict
+    artifacts:
+      description: The durable copy's files as recomputed now, C(path) (relative to C(<durable_dir>/runs/<run>/)),
+        C(size) and C(sha256); what a pull must match, and the run's entry of run_scratch's
+        O(remote_gpu.trainer.run_scratch#module:expected). Empty unless the run passed.
+      type: list
+      elements: dict
+    scratch: {description: 'C(dir) (C(<data_dir>/runs/<run>)) and whether it C(exists).', type: dict}
+    torn_down:
+      description: The tombstone of an earlier teardown (C(run), C(state), C(removed_at), C(removed)) when the
+        run is torn down or its removal did not finish; null otherwise.
+      type: dict
+    notes: {description: What the gate noticed about the run without failing., type: list, elements: str}
+instance:
   description:
-    - C(dir) (C(<durable_dir>/runs/<run>)), C(exists), C(files) and C(bytes) compared, C(mismatches) (each
-      C(path) and C(problem), with C(size), C(sha256), C(expected_size) and C(expected_sha256) where known),
-      C(manifest) (C(path), C(sha256) of the manifest file, C(lines), C(bad_lines)) and C(extra) (files there that
-      the manifest does not list).
-  returned: always
-  type: dict
-artifacts:
-  description: The durable copy's files as recomputed now, C(path) (relative to C(<durable_dir>/runs/<run>/)),
-    C(size) and C(sha256); what a pull of it must match. Empty unless the gate passed.
-  returned: always
-  type: list
-  elements: dict
-scratch:
-  description: C(dir) (C(<data_dir>/runs/<run>)) and whether it C(exists).
-  returned: always
-  type: dict
-torn_down:
-  description: The tombstone of an earlier teardown (C(run), C(removed_at), C(removed)), or null.
+    - The box. C(runs_on_box) (listed with O(instance) or empty O(runs)); C(other_runs), each C(name), C(state)
+      (C(running), C(finished), C(stopped), C(removing), C(unknown), C(absent) or C(torn_down)), C(torn_down),
+      C(abandoned), C(would_lose) (one line, for example C(2 cells' scratch (1.5 GiB\), 3 durable files not
+      pulled)), C(pids), C(cells), C(bytes), C(durable_files); C(live_marker_pids) (live processes carrying the
+      marker of a run not in O(runs)).
+    - C(id_checked), C(id_expected), C(id_found), C(id_source) (the variable and where it was read);
+      C(same_device) (null when not compared), C(data_dev), C(durable_dev).
   returned: always
   type: dict
 notes:
-  description: What the gate noticed without failing, for example a name in O(accept_incomplete_cells) that is no
-    cell of the run.
+  description: What the gate noticed about the box without failing (an id not cross-checked, abandoned runs and
+    what they lose, an O(abandon_runs) name not on the box).
   returned: always
   type: list
   elements: str
@@ -155,11 +223,17 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._teardown_gate import teardown_gate
 
 ARGUMENT_SPEC = {
-    "run": {"type": "str", "required": True},
+    "runs": {"type": "list", "elements": "str", "default": [], "aliases": ["run"]},
     "data_dir": {"type": "path", "required": True},
     "durable_dir": {"type": "path"},
+    "scratch_extra_paths": {"type": "list", "elements": "path", "default": []},
     "accept_incomplete_cells": {"type": "list", "elements": "str", "default": []},
     "accept_no_artifacts": {"type": "bool", "default": False},
+    "instance": {"type": "bool", "default": False},
+    "abandon_runs": {"type": "list", "elements": "str", "default": []},
+    "instance_id": {"type": "str", "default": ""},
+    "instance_id_env": {"type": "list", "elements": "str", "default": []},
+    "irreversible": {"type": "bool", "default": False},
     "verify_timeout_s": {"type": "float", "default": 1800.0},
 }
 OPTION_BOUNDS = {
@@ -174,7 +248,7 @@ def main() -> None:
     check_options(module, OPTION_BOUNDS)
     try:
         result = teardown_gate(module.params)
-    except ValueError as exc:  # a run name or path only the layout's rules can judge: the message names it
+    except ValueError as exc:  # a name or path only the layout's rules can judge: the message names the option
         module.fail_json(msg=str(exc))
     message = "gate passed" if result["passed"] else f"{result['step']}: {result['reason']}"
     module.exit_json(changed=False, msg=message, **result)

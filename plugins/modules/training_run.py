@@ -27,6 +27,14 @@ description:
     O(allow_concurrent). A run whose runner is gone (C(run.json) present, no live runner, no C(DONE)) is started
     again, and the runner skips the cells already done (C(succeeded) and C(verified), or C(skipped) where the run
     declares no artifacts) and reruns the others; RV(resumed) and RV(skipped_cells) say so.
+  - B(One launch per run name.) Every launch has an id (RV(launch_id), O(launch_id) or C(<UTC time>-<6 hex>)),
+    recorded in C(run.json) and, by the runner's first sync, in C(<durable_dir>/runs/<run>/.launch.json); every sync
+    checks it before it copies anything, so one C(MANIFEST.sha256) never mixes two launches. A resume keeps the id
+    in the box's C(run.json). A start is refused (in check mode too) when the run was torn down on this box (its
+    tombstone C(<data_dir>/runs/.torn_down/<run>.json)), or when C(<durable_dir>/runs/<run>) holds another launch,
+    or files with no launch record while this box holds no C(run.json) of the run, since a relaunch would overwrite
+    the verified durable copy, often the only one left. O(new_attempt) archives the earlier copy and the tombstone
+    instead (a rename, never a deletion) and starts afresh; RV(archived) says where they went.
   - B(Stop.) O(state=stopped) sends SIGTERM to the runner's process group (the runner stops each running cell,
     SIGTERM then SIGKILL after O(stop_grace_s), and records it as failed with C(reason=run stopped)), waits
     O(stop_grace_s) plus 10 s, sends SIGKILL to every process of the run left (its session, its pids, and processes
@@ -173,6 +181,21 @@ options:
         description: How many boxes share the sweep.
         type: int
         required: true
+  launch_id:
+    description:
+      - The id of this launch (same pattern as O(run)). Boxes that share one durable directory for a sharded run
+        must share it (the launch role passes one id per playbook run to every box); set the id a refusal names to
+        add a box to that launch. Default C(<UTC time>-<6 hex>). Ignored when the box holds the run's C(run.json),
+        whose launch a resume keeps.
+    type: str
+  new_attempt:
+    description:
+      - Start the run as a new attempt although it was torn down on this box or its durable copy holds another
+        launch. The durable copy C(<durable_dir>/runs/<run>) is renamed to C(<durable_dir>/runs/<run>@attempt-<N>)
+        and the tombstone to C(<data_dir>/runs/.torn_down/<run>@attempt-<N>.json) (the next free I(N); C(@) is in
+        no run name), then the run starts from nothing. Refused while this box holds the run's C(run.json).
+    type: bool
+    default: false
   start_timeout_s:
     description: Seconds to wait for the new runner to register in C(run.json), above 0 and at most 600; a runner
       that does not is stopped and the module fails with the end of C(runner.log).
@@ -183,8 +206,9 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Nothing is written, locked or started; RV(msg) says whether the run would start or resume, and
-      C(changed) whether it would. O(state=stopped) signals nothing.
+    details: Nothing is written, locked, archived or started; RV(msg) says whether the run would start or resume
+      and what O(new_attempt) would archive, and C(changed) whether it would. A start that would be refused fails
+      as it would outside check mode. O(state=stopped) signals nothing.
 notes:
   - Use the runtime venv's Python (C(ansible_python_interpreter)); the runner runs with the module's interpreter.
   - With tmux, a tmux server that already runs gives the run its own environment, not the SSH session's.
@@ -214,6 +238,15 @@ EXAMPLES = r"""
     secrets: {WANDB_API_KEY: "{{ lookup('ansible.builtin.env', 'WANDB_API_KEY') }}"}
   no_log: true
   register: launched
+
+- name: Relaunch a run name that was torn down, archiving its earlier durable copy
+  remote_gpu.trainer.training_run:
+    run: abl-2026-12
+    data_dir: /root/autodl-tmp
+    durable_dir: /root/autodl-fs
+    cells: "{{ abl_cells }}"
+    artifacts: [best.pth]
+    new_attempt: true
 
 - name: Stop it (files stay)
   remote_gpu.trainer.training_run:
@@ -272,6 +305,21 @@ resumed:
   description: Some cells were already done, so this start (or the live runner's) skips them.
   returned: always
   type: bool
+launch_id:
+  description: The launch the run belongs to (from C(run.json) for a run already there; in check mode, the id a
+    start would use), or null for a run registered before launch ids.
+  returned: always
+  type: str
+  sample: 20261204T101500Z-3fa9c2
+archived:
+  description: What O(new_attempt) moved aside before this start (in check mode, what it would move), each C(from)
+    (the earlier durable copy or tombstone) and C(to) (its new name); empty otherwise.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    from: {description: The earlier attempt's durable copy or tombstone., type: str}
+    to: {description: 'Where it is now, C(...@attempt-<N>) or C(...@attempt-<N>.json).', type: str}
 skipped_cells:
   description: Names of the cells skipped because they were already done.
   returned: always
@@ -335,6 +383,8 @@ ARGUMENT_SPEC = {
         "type": "dict",
         "options": {"index": {"type": "int", "required": True}, "count": {"type": "int", "required": True}},
     },
+    "launch_id": {"type": "str"},
+    "new_attempt": {"type": "bool", "default": False},
     "start_timeout_s": {"type": "float", "default": 20.0},
 }
 OPTION_BOUNDS = {

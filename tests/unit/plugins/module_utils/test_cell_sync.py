@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import re
 import threading
@@ -228,3 +229,35 @@ def test_a_read_only_durable_dir_fails_with_its_reason(cell, tmp_path, monkeypat
     monkeypatch.setattr(os, "makedirs", refuse)
     outcome = sync(cell, tmp_path)
     assert outcome.sync == "failed" and text in outcome.error and durable_runs in outcome.error
+
+
+def durable_files(tmp_path):
+    root = tmp_path / "durable"
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_the_first_sync_of_a_launch_records_it_and_the_same_launch_syncs_again(cell, tmp_path):
+    assert sync(cell, tmp_path, launch_id="L1").sync == "verified"
+    record = json.loads((tmp_path / "durable" / "runs" / "sweep" / ".launch.json").read_text())
+    assert (record["run"], record["launch_id"]) == ("sweep", "L1")
+    assert sync(cell, tmp_path, cell_name="b", launch_id="L1").sync == "verified"
+    assert [line.split("  ")[2] for line in manifest(tmp_path)] == ["cells/a/best.pth", "cells/b/best.pth"]
+
+
+def test_a_manifest_never_mixes_two_launches(cell, tmp_path):
+    assert sync(cell, tmp_path, launch_id="L1").sync == "verified"
+    before = durable_files(tmp_path)
+    (cell / "best.pth").write_bytes(b"another launch's weights")
+    for name in ("a", "b"):  # the same cell overwritten, or a new cell added beside the earlier launch's
+        outcome = sync(cell, tmp_path, cell_name=name, launch_id="L2")
+        assert (outcome.sync, outcome.artifacts) == ("failed", ())
+        durable_run = tmp_path / "durable" / "runs" / "sweep"
+        assert outcome.error == f"{durable_run} holds launch L1, this run is launch L2: nothing copied"
+    assert durable_files(tmp_path) == before
+
+
+def test_files_from_before_launch_ids_are_adopted_by_the_launch_that_syncs_into_them(cell, tmp_path):
+    assert sync(cell, tmp_path).sync == "verified"  # no launch id: as the runner of an earlier release synced
+    assert not (tmp_path / "durable" / "runs" / "sweep" / ".launch.json").exists()
+    assert sync(cell, tmp_path, launch_id="L1").sync == "verified"
+    assert json.loads((tmp_path / "durable" / "runs" / "sweep" / ".launch.json").read_text())["launch_id"] == "L1"

@@ -18,7 +18,7 @@ from typing import Any, Dict
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _run_scratch
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _run_scratch, _scratch_checks
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._run_scratch import ScratchFailure, run_scratch
 
 DEAD_PID = 2**22 + 7  # above the kernel's largest PID: never alive
@@ -52,8 +52,8 @@ def box(tmp_path: Path) -> Dict[str, Path]:
     return {"data": data, "durable": durable, "run": run, "cache": cache, "saved": saved / "best.pth", "tmp": tmp_path}
 
 
-def params(box: Dict[str, Path], **extra: Any) -> Dict[str, Any]:
-    args: Dict[str, Any] = {"run": "r1", "data_dir": str(box["data"]), "durable_dir": str(box["durable"])}
+def params(box: Dict[str, Path], run: Any = "r1", **extra: Any) -> Dict[str, Any]:
+    args: Dict[str, Any] = {"runs": [run], "data_dir": str(box["data"]), "durable_dir": str(box["durable"])}
     args.update(extra_paths=[str(box["cache"])], timeout_s=30.0)
     args.update(extra)
     return args
@@ -92,15 +92,16 @@ def test_removes_the_run_and_extra_paths_and_writes_the_tombstone(box):
     assert not box["run"].exists() and not box["cache"].exists()
     assert box["saved"].read_bytes() == CHECKPOINT  # the durable copy stays
     assert (box["data"] / "runs" / "other" / "keep").exists()
+    size = len(CHECKPOINT) + len("epoch 1/1\n") + run_json_bytes
     expected = [
-        {"path": str(box["run"]), "files": 4, "bytes": len(CHECKPOINT) + len("epoch 1/1\n") + run_json_bytes},
-        {"path": str(box["cache"]), "files": 1, "bytes": 5},
+        {"path": str(box["run"]), "files": 4, "bytes": size, "run": "r1"},
+        {"path": str(box["cache"]), "files": 1, "bytes": 5, "run": None},
     ]
     assert result["removed"] == expected
     tombstone = box["data"] / "runs" / ".torn_down" / "r1.json"
-    assert result["tombstone"] == str(tombstone)
+    assert result["runs"] == [{"run": "r1", "state": "removed", "tombstone": str(tombstone), "verified": 0}]
     record = json.loads(tombstone.read_text())
-    assert record["run"] == "r1" and record["removed"] == expected
+    assert (record["run"], record["state"], record["removed"]) == ("r1", "removed", expected)
     removed_at = datetime.fromisoformat(record["removed_at"])
     assert removed_at.utcoffset().total_seconds() == 0
     assert abs(time.time() - removed_at.timestamp()) < 60
@@ -112,7 +113,8 @@ def test_a_second_call_changes_nothing_and_keeps_the_tombstone(box):
     tombstone = box["data"] / "runs" / ".torn_down" / "r1.json"
     first = tombstone.read_bytes()
     again = run_scratch(params(box), check_mode=False)
-    assert (again["changed"], again["removed"], again["tombstone"]) == (False, [], str(tombstone))
+    assert (again["changed"], again["removed"], again["runs"][0]["tombstone"]) == (False, [], str(tombstone))
+    assert again["runs"][0]["state"] == "already_removed"
     assert again["msg"].startswith("nothing to remove for run r1 (torn down at ")
     assert tombstone.read_bytes() == first
 
@@ -120,14 +122,14 @@ def test_a_second_call_changes_nothing_and_keeps_the_tombstone(box):
 def test_a_later_extra_path_is_added_to_the_tombstone(box):
     run_scratch(params(box, extra_paths=[]), check_mode=False)
     result = run_scratch(params(box), check_mode=False)
-    assert result["removed"] == [{"path": str(box["cache"]), "files": 1, "bytes": 5}]
+    assert result["removed"] == [{"path": str(box["cache"]), "files": 1, "bytes": 5, "run": None}]
     record = json.loads((box["data"] / "runs" / ".torn_down" / "r1.json").read_text())
     assert [entry["path"] for entry in record["removed"]] == [str(box["run"]), str(box["cache"])]
 
 
 def test_a_run_that_never_existed_is_nothing_to_do_and_writes_no_tombstone(box):
     result = run_scratch(params(box, run="never", extra_paths=[]), check_mode=False)
-    assert (result["changed"], result["removed"], result["tombstone"]) == (False, [], None)
+    assert (result["changed"], result["removed"], result["runs"][0]["tombstone"]) == (False, [], None)
     assert not (box["data"] / "runs" / ".torn_down").exists()
 
 
@@ -136,9 +138,10 @@ def test_check_mode_removes_nothing_and_says_what_would_go(box):
     result = run_scratch(params(box), check_mode=True)
     assert result["changed"] is True and result["removed"] == []
     assert [entry["path"] for entry in result["would_remove"]] == [str(box["run"]), str(box["cache"])]
-    assert result["would_remove"][1] == {"path": str(box["cache"]), "files": 1, "bytes": 5}
-    assert result["msg"].startswith("would remove 2 path(s), 5 file(s), ")
-    assert result["tombstone"] == str(box["data"] / "runs" / ".torn_down" / "r1.json")
+    assert result["would_remove"][1] == {"path": str(box["cache"]), "files": 1, "bytes": 5, "run": None}
+    assert result["msg"].startswith("would remove 2 path(s), 5 file(s), ") and result["msg"].endswith(" of run r1")
+    assert result["runs"][0]["state"] == "would_remove"
+    assert result["runs"][0]["tombstone"] == str(box["data"] / "runs" / ".torn_down" / "r1.json")
     assert tree(box["tmp"]) == before
     assert not (box["data"] / "runs" / ".torn_down").exists()
 
@@ -171,7 +174,7 @@ def test_a_run_dir_that_links_inside_data_dir_is_unlinked_not_followed(box):
     result = run_scratch(params(box, extra_paths=[]), check_mode=False)
     assert not os.path.lexists(box["run"])
     assert (real / "cells" / "a" / "ckpt" / "best.pth").read_bytes() == CHECKPOINT
-    assert result["removed"] == [{"path": str(box["run"]), "files": 1, "bytes": 0}]
+    assert result["removed"] == [{"path": str(box["run"]), "files": 1, "bytes": 0, "run": "r1"}]
 
 
 def test_a_data_dir_reached_through_a_link_is_removed_from_its_real_place(box):
@@ -194,7 +197,7 @@ def test_a_dangling_link_is_unlinked(box):
     dangling.symlink_to(box["data"] / "gone")
     result = run_scratch(params(box, extra_paths=[str(dangling)]), check_mode=False)
     assert not os.path.lexists(dangling)
-    assert result["removed"][1] == {"path": str(dangling), "files": 1, "bytes": 0}
+    assert result["removed"][1] == {"path": str(dangling), "files": 1, "bytes": 0, "run": None}
 
 
 def test_a_missing_extra_path_is_fine(box):
@@ -245,7 +248,7 @@ def test_refuses_a_real_mount_point(box, monkeypatch):
         pytest.skip("/dev/shm is no mount point here")
     monkeypatch.setattr(_run_scratch, "_remove_one", _must_not_remove)
     with pytest.raises(ScratchFailure, match=r"/dev/shm is a mount point \(/dev/shm\)"):
-        run_scratch({"run": "r1", "data_dir": "/dev", "extra_paths": ["/dev/shm"]}, check_mode=False)
+        run_scratch({"runs": ["r1"], "data_dir": "/dev", "extra_paths": ["/dev/shm"]}, check_mode=False)
 
 
 def test_refuses_proc_as_a_mount_point_and_outside_data_dir(box, monkeypatch):
@@ -273,15 +276,15 @@ def test_refuses_a_tree_holding_a_mount_point_below(box, monkeypatch):
 
 def test_refuses_a_tree_holding_a_listed_mount_point(box, monkeypatch):
     listed = box["cache"] / "nfs"
-    monkeypatch.setattr(_run_scratch, "mount_points", lambda: ["/", str(listed)])
+    monkeypatch.setattr(_scratch_checks, "mount_points", lambda: ["/", str(listed)])
     refused(box, f"{box['cache']} holds the mount point {listed}")
 
 
 def test_mountinfo_escapes_are_decoded(tmp_path):
     info = tmp_path / "mountinfo"
     info.write_text("36 35 98:0 /mnt1 /mnt/with\\040space rw - ext3 /dev/root rw\n22 1 0:5 / / rw - ext4 x rw\n")
-    assert _run_scratch.mount_points(str(info)) == ["/mnt/with space", "/"]
-    assert _run_scratch.mount_points(str(tmp_path / "none")) == []
+    assert _scratch_checks.mount_points(str(info)) == ["/mnt/with space", "/"]
+    assert _scratch_checks.mount_points(str(tmp_path / "none")) == []
 
 
 def test_refuses_a_run_dir_linking_outside_data_dir(box):
@@ -440,12 +443,20 @@ def test_checks_that_hang_fail_within_the_deadline_and_remove_nothing(box, monke
     assert box["run"].exists()
 
 
-def test_a_removal_that_hangs_fails_and_writes_no_tombstone(box, monkeypatch):
+def test_a_removal_that_hangs_leaves_the_tombstone_removing_and_a_rerun_finishes_it(box, monkeypatch):
+    real = _run_scratch._remove_one
     monkeypatch.setattr(_run_scratch, "_remove_one", lambda target: time.sleep(30))
     with pytest.raises(ScratchFailure, match="removal failed: did not finish within 1 s") as failure:
         run_scratch(params(box, timeout_s=1.0), check_mode=False)
-    assert "no tombstone written" in str(failure.value)
-    assert not (box["data"] / "runs" / ".torn_down").exists()
+    assert "its tombstone says removing: run again to finish" in str(failure.value)
+    tombstone = json.loads((box["data"] / "runs" / ".torn_down" / "r1.json").read_text())
+    assert tombstone["state"] == "removing"
+    assert tombstone["removing"][0]["path"] == str(box["run"])
+    assert not (box["run"] / "cells" / "a").exists() and (box["run"] / "run.json").exists()  # stopped halfway
+    monkeypatch.setattr(_run_scratch, "_remove_one", real)
+    again = run_scratch(params(box), check_mode=False)
+    assert again["runs"][0]["state"] == "removed" and not box["run"].exists() and not box["cache"].exists()
+    assert json.loads((box["data"] / "runs" / ".torn_down" / "r1.json").read_text())["state"] == "removed"
 
 
 def test_a_removal_error_reports_what_went_before_it(box, monkeypatch):
@@ -460,7 +471,8 @@ def test_a_removal_error_reports_what_went_before_it(box, monkeypatch):
     with pytest.raises(ScratchFailure, match="Device or resource busy after removing 1 path") as failure:
         run_scratch(params(box), check_mode=False)
     assert [entry["path"] for entry in failure.value.facts["removed"]] == [str(box["run"])]
-    assert not (box["data"] / "runs" / ".torn_down").exists()
+    record = json.loads((box["data"] / "runs" / ".torn_down" / "r1.json").read_text())
+    assert record["state"] == "removed" and [entry["path"] for entry in record["removed"]] == [str(box["run"])]
 
 
 def test_a_target_swapped_after_the_check_is_not_removed(box, monkeypatch):

@@ -324,3 +324,34 @@ def test_runner_modules_are_exactly_what_it_imports_and_enough_to_run_alone(tmp_
     )
     assert done.returncode == 0, done.stderr
     assert (run_dir / "DONE").exists()
+
+
+def test_run_json_and_the_durable_copy_name_the_launch(tmp_path):
+    run_dir = make_run(tmp_path, [{"name": "a", "command": train()}], artifacts=["best.pth"], launch_id="L1")
+    assert run(run_dir) == 0
+    assert json.loads((run_dir / "run.json").read_text())["launch_id"] == "L1"
+    assert json.loads((tmp_path / "durable" / "runs" / "sweep" / ".launch.json").read_text())["launch_id"] == "L1"
+
+
+def durable_tree(root: Path):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_runner_refuses_a_durable_copy_of_another_launch_or_a_torn_down_run_before_writing(tmp_path):
+    earlier = tmp_path / "durable" / "runs" / "sweep"
+    (earlier / "cells" / "a").mkdir(parents=True)
+    (earlier / "cells" / "a" / "best.pth").write_bytes(b"the only copy left")
+    (earlier / ".launch.json").write_text(json.dumps({"run": "sweep", "launch_id": "L0"}))
+    before = durable_tree(tmp_path / "durable")
+    run_dir = make_run(tmp_path, [{"name": "a", "command": train()}], artifacts=["best.pth"], launch_id="L1")
+    assert run(run_dir) == _runner.EXIT_REFUSED
+    assert (
+        f'runner_refused why="{earlier} holds launch L0, this run is launch L1"' in (run_dir / "runner.log").read_text()
+    )
+    assert not (run_dir / "run.json").exists() and not (run_dir / "cells").exists()
+    assert durable_tree(tmp_path / "durable") == before
+    (earlier / ".launch.json").write_text(json.dumps({"run": "sweep", "launch_id": "L1"}))
+    (tmp_path / "data" / "runs" / ".torn_down").mkdir()
+    (tmp_path / "data" / "runs" / ".torn_down" / "sweep.json").write_text("{}")
+    assert run(run_dir) == _runner.EXIT_REFUSED
+    assert 'runner_refused why="run sweep was torn down' in (run_dir / "runner.log").read_text()

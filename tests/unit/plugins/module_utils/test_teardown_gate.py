@@ -15,7 +15,7 @@ from typing import Any, Dict
 import pytest
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _teardown_gate
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._run_scratch import tombstone_path
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import tombstone_path
 from ansible_collections.remote_gpu.trainer.plugins.module_utils._teardown_gate import parse_manifest, teardown_gate
 from ansible_collections.remote_gpu.trainer.tests.workload.harness import (
     kill_session,
@@ -28,8 +28,14 @@ from ansible_collections.remote_gpu.trainer.tests.workload.harness import (
 TWO_CELLS = [{"name": "a", "command": train("--ckpt-kib", "8")}, {"name": "b", "command": train("--ckpt-kib", "8")}]
 
 
-def gate(root: Path, **more: Any) -> Dict[str, Any]:
-    params = {"run": "sweep", "data_dir": str(root / "data"), "durable_dir": str(root / "durable")}
+def gate(root: Path, run: str = "sweep", **more: Any) -> Dict[str, Any]:
+    """The gate over one run (the result's only per-run entry, with the verdict of the whole gate)."""
+    result = verdict(root, runs=[run], **more)
+    return dict(result["runs"][0], passed=result["passed"], step=result["step"], reason=result["reason"])
+
+
+def verdict(root: Path, **more: Any) -> Dict[str, Any]:
+    params = {"data_dir": str(root / "data"), "durable_dir": str(root / "durable")}
     params.update(more)
     return teardown_gate(params)
 
@@ -190,14 +196,30 @@ def test_a_durable_file_replaced_by_a_symlink_to_scratch_is_refused(box):
     assert "symbolic link" in result["reason"]
 
 
-def test_a_durable_run_directory_reached_through_a_symlink_into_data_dir_is_refused(box):
+def test_a_durable_run_directory_reached_through_a_symlink_into_the_runs_scratch_is_refused(box):
     durable_run = box / "durable" / "runs" / "sweep"
-    moved = box / "data" / "copy"
+    moved = box / "data" / "runs" / "sweep" / "copy"
     shutil.move(str(durable_run), str(moved))
     durable_run.symlink_to(moved)
     result = gate(box)
     assert result["step"] == "durable"
-    assert "inside data_dir" in result["reason"]
+    assert f"overlaps {box / 'data' / 'runs'}, which teardown removes" in result["reason"]
+
+
+def test_a_durable_copy_inside_data_dir_but_outside_what_teardown_removes_passes(box):
+    # RunPod and Vast.ai ship durable_dir=/workspace/durable inside data_dir=/workspace: only runs/<run> goes.
+    shutil.move(str(box / "durable"), str(box / "data" / "durable"))
+    result = gate(box, durable_dir=str(box / "data" / "durable"))
+    assert result["passed"], result["reason"]
+
+
+def test_a_durable_dir_overlapping_an_extra_scratch_path_is_refused(box):
+    extra = box / "durable" / "runs"
+    result = gate(box, scratch_extra_paths=[str(extra)])
+    assert result["step"] == "durable"
+    assert f"overlaps {extra}, which teardown removes" in result["reason"]
+    holder = gate(box, scratch_extra_paths=[str(box)])
+    assert holder["step"] == "durable" and f"overlaps {box}," in holder["reason"]
 
 
 def test_a_run_that_secured_no_artifacts_is_refused_unless_accepted(tmp_path):
@@ -238,9 +260,9 @@ def test_a_garbage_run_json_and_result_json_refuse_without_a_traceback(box):
 def test_a_hung_durable_mount_fails_within_the_deadline(box, monkeypatch):
     real = _teardown_gate._read_durable
 
-    def hang(path: str) -> Dict[str, Any]:
+    def hang(*args: Any) -> Dict[str, Any]:
         time.sleep(30)
-        return real(path)
+        return real(*args)
 
     monkeypatch.setattr(_teardown_gate, "_read_durable", hang)
     started = time.monotonic()

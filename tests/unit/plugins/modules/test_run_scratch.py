@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import subprocess
@@ -46,12 +47,13 @@ def test_removes_the_scratch_then_a_second_call_is_a_no_op(box, run_module):
     assert not box["run"].exists() and not box["cache"].exists()
     assert (box["durable"] / "runs" / "r1" / "cells" / "a" / "best.pth").read_bytes() == b"x" * 100
     tombstone = box["data"] / "runs" / ".torn_down" / "r1.json"
-    assert result["tombstone"] == str(tombstone)
+    assert result["runs"] == [{"run": "r1", "state": "removed", "tombstone": str(tombstone), "verified": 0}]
     assert [entry["path"] for entry in result["removed"]] == [str(box["run"]), str(box["cache"])]
     assert result["would_remove"] == [] and result["refused"] is False and result["problems"] == []
     assert json.loads(tombstone.read_text())["removed"] == result["removed"]
     code, again = run_module(run_scratch, box["args"])
-    assert (code, again["changed"], again["removed"], again["tombstone"]) == (0, False, [], str(tombstone))
+    assert (code, again["changed"], again["removed"]) == (0, False, [])
+    assert again["runs"][0]["tombstone"] == str(tombstone)
 
 
 def test_check_mode_removes_nothing(box, run_module):
@@ -111,3 +113,22 @@ def test_every_returned_key_is_documented(box, run_module):
     options = yaml.safe_load(run_scratch.DOCUMENTATION)["options"]
     assert set(options) == set(run_scratch.ARGUMENT_SPEC)
     assert all(options[name].get("default") == spec.get("default") for name, spec in run_scratch.ARGUMENT_SPEC.items())
+
+
+def test_expected_is_checked_against_the_durable_copy_before_the_cell_goes(box, run_module):
+    saved = box["durable"] / "runs" / "r1" / "cells" / "a" / "best.pth"
+    entry = {"path": "cells/a/best.pth", "size": 100, "sha256": hashlib.sha256(b"x" * 100).hexdigest()}
+    saved.write_bytes(b"y" * 100)
+    code, result = run_module(run_scratch, dict(box["args"], expected={"r1": [entry]}))
+    assert code == 1 and result["msg"].startswith("run_scratch stopped: the durable copy changed since the gate")
+    assert result["durable_mismatch"]["path"] == "cells/a/best.pth" and result["removed"] == []
+    assert (box["run"] / "cells" / "a" / "best.pth").exists() and box["cache"].exists()
+    saved.write_bytes(b"x" * 100)
+    code, result = run_module(run_scratch, dict(box["args"], expected={"r1": [entry]}))
+    assert code == 0 and result["runs"][0]["verified"] == 1 and not box["run"].exists()
+
+
+def test_a_bad_expected_entry_fails_in_one_line(box, run_module):
+    code, result = run_module(run_scratch, dict(box["args"], expected={"r1": [{"path": "../x", "size": 1}]}))
+    assert code == 1 and result["msg"].startswith("expected.r1: expected[0].sha256 must be 64 lowercase hex digits")
+    assert box["run"].exists()

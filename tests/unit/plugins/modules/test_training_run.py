@@ -23,6 +23,7 @@ from typing import Any, Dict, List
 import pytest
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils import _run_detach, _training_run
+from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import tombstone_path
 from ansible_collections.remote_gpu.trainer.plugins.modules import training_run
 from ansible_collections.remote_gpu.trainer.tests.collection_path import collection_root
 
@@ -341,6 +342,7 @@ BAD_OPTIONS = [
     ({"shard": {"index": 2, "count": 2}}, "shard needs 1 <= count and 0 <= index < count"),
     ({"detach": "nohup"}, "value of detach must be one of: auto, tmux, setsid"),
     ({"env_hook": "/nonexistent/hook"}, "env_hook /nonexistent/hook is not a readable file"),
+    ({"launch_id": "a b"}, "launch_id 'a b' does not match"),
 ]
 
 
@@ -392,3 +394,128 @@ def test_a_launch_lock_held_too_long_fails_the_start(box, run_module, monkeypatc
     assert code == 1
     assert result["msg"] == f"another launch on this box held {lock} for more than 0.3 s"
     assert not (box["data"] / "runs" / "r1").exists()
+
+
+def tree_digest(root: Path) -> Dict[str, str]:
+    """sha256 of every file under ``root`` (hidden ones included), by relative path."""
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }
+
+
+def finished_and_torn_down(box, run_module) -> Dict[str, Any]:
+    """r1 (cells a, b) done with its artifacts in durable_dir, then its scratch removed and its tombstone written,
+    as teardown leaves it; the durable copy is the only one left."""
+    args = args_for(box, durable_dir=str(box["durable"]), artifacts=["best.pth"])
+    code, first = run_module(training_run, args)
+    assert code == 0, first
+    run_dir = box["data"] / "runs" / "r1"
+    wait_for((run_dir / "DONE").exists, what="DONE")
+    wait_for(lambda: not runners_of(run_dir), what="the runner's exit")
+    shutil.rmtree(run_dir)
+    tombstone = Path(tombstone_path(str(box["data"]), "r1"))
+    tombstone.parent.mkdir(parents=True, exist_ok=True)
+    tombstone.write_text(json.dumps({"run": "r1", "removed_at": "2026-12-04T00:00:00Z", "removed": []}))
+    return first
+
+
+def test_a_torn_down_run_name_is_refused_and_its_durable_copy_left_as_it_was(box, run_module):
+    first = finished_and_torn_down(box, run_module)
+    durable = box["durable"] / "runs" / "r1"
+    assert json.loads((durable / ".launch.json").read_text())["launch_id"] == first["launch_id"]
+    before = tree_digest(box["durable"])
+    args = args_for(box, durable_dir=str(box["durable"]), artifacts=["best.pth"])
+    for check_mode in (True, False):
+        code, refused = run_module(training_run, args, check_mode=check_mode)
+        assert code == 1
+        assert refused["msg"].startswith(f"run r1 was torn down on this box ({box['data']}/runs/.torn_down/r1.json)")
+        assert "set launch_new_attempt: true" in refused["msg"] and "\n" not in refused["msg"]
+        assert len(refused["msg"]) < 300  # the launch line keeps 300 characters: the way out must be in them
+    time.sleep(0.5)  # a runner started by mistake would have begun to overwrite by now
+    assert tree_digest(box["durable"]) == before
+    assert not (box["data"] / "runs" / "r1").exists() and processes_of(box["root"]) == []
+
+
+def test_new_attempt_archives_the_earlier_copy_and_tombstone_then_starts_afresh(box, run_module):
+    first = finished_and_torn_down(box, run_module)
+    durable, torn = box["durable"] / "runs", box["data"] / "runs" / ".torn_down"
+    before = tree_digest(durable / "r1")
+    args = args_for(
+        box, cells=[cell("a"), cell("c")], durable_dir=str(box["durable"]), artifacts=["best.pth"], new_attempt=True
+    )
+    moved = [
+        {"from": str(durable / "r1"), "to": str(durable / "r1@attempt-1")},
+        {"from": str(torn / "r1.json"), "to": str(torn / "r1@attempt-1.json")},
+    ]
+    code, check = run_module(training_run, args, check_mode=True)
+    assert (code, check["changed"], check["archived"]) == (0, True, moved)
+    assert check["msg"].endswith(
+        f"; would archive the earlier attempt: {durable}/r1 -> {durable}/r1@attempt-1, "
+        f"{torn}/r1.json -> {torn}/r1@attempt-1.json"
+    )
+    assert sorted(os.listdir(durable)) == ["r1"] and sorted(os.listdir(torn)) == ["r1.json"]
+    code, result = run_module(training_run, args)
+    assert code == 0, result
+    assert (result["changed"], result["resumed"], result["archived"]) == (True, False, moved)
+    assert "archived the earlier attempt" in result["msg"] and result["launch_id"] != first["launch_id"]
+    assert tree_digest(durable / "r1@attempt-1") == before  # renamed, not a byte changed
+    assert sorted(os.listdir(torn)) == ["r1@attempt-1.json"]
+    wait_for((box["data"] / "runs" / "r1" / "DONE").exists, what="the new attempt's DONE")
+    assert json.loads((durable / "r1" / ".launch.json").read_text())["launch_id"] == result["launch_id"]
+    assert json.loads((box["data"] / "runs" / "r1" / "run.json").read_text())["launch_id"] == result["launch_id"]
+    lines = (durable / "r1" / "MANIFEST.sha256").read_text().splitlines()
+    assert [line.split("  ")[2] for line in lines] == ["cells/a/best.pth", "cells/c/best.pth"]  # no b: one launch
+
+
+def test_a_durable_copy_of_another_launch_is_refused_and_a_box_of_the_same_launch_joins_it(box, run_module):
+    durable = box["durable"] / "runs" / "r1"
+    synced = {"durable_dir": str(box["durable"]), "artifacts": ["best.pth"]}
+    code, first = run_module(
+        training_run, args_for(box, cells=[cell("a")], launch_id="20261204T000000Z-aaaaaa", **synced)
+    )
+    assert (code, first["launch_id"]) == (0, "20261204T000000Z-aaaaaa"), first
+    wait_for((box["data"] / "runs" / "r1" / "DONE").exists, what="DONE on the first box")
+    before = tree_digest(box["durable"])
+    # A second box sharing durable_dir (AutoDL's /root/autodl-fs): its own data dir, no scratch of r1 there.
+    second = box["root"] / "data2"
+    (second / "code" / "r1").mkdir(parents=True)
+    other = dict(args_for(box, cells=[cell("b")], **synced), data_dir=str(second))
+    code, refused = run_module(training_run, dict(other, launch_id="20261205T000000Z-bbbbbb"))
+    assert code == 1
+    assert refused["msg"].startswith(f"run r1: {durable} holds launch 20261204T000000Z-aaaaaa, not 20261205T")
+    assert "set launch_new_attempt: true" in refused["msg"]
+    assert "set launch_id: 20261204T000000Z-aaaaaa to add this box to that launch" in refused["msg"]
+    assert tree_digest(box["durable"]) == before and not (second / "runs" / "r1").exists()
+    code, joined = run_module(training_run, dict(other, launch_id="20261204T000000Z-aaaaaa"))
+    assert (code, joined["changed"], joined["archived"]) == (0, True, []), joined
+    wait_for((second / "runs" / "r1" / "DONE").exists, what="DONE on the second box")
+    lines = (durable / "MANIFEST.sha256").read_text().splitlines()
+    assert [line.split("  ")[2] for line in lines] == ["cells/a/best.pth", "cells/b/best.pth"]
+
+
+def test_a_dead_run_resumes_under_its_own_launch_and_skips_its_done_cells(box, run_module):
+    cells = [cell("a"), cell("b", "--forever", "--step-s", "0.1")]
+    args = args_for(box, cells=cells, durable_dir=str(box["durable"]), artifacts=["best.pth"], launch_id="first-1")
+    code, first = run_module(training_run, args)
+    assert code == 0, first
+    run_dir = box["data"] / "runs" / "r1"
+    wait_for((run_dir / "cells" / "a" / "result.json").exists, what="cell a's result")
+    synced_a = tree_digest(box["durable"] / "runs" / "r1" / "cells" / "a")
+    os.kill(first["pids"][0], signal.SIGKILL)
+    wait_for(lambda: not runners_of(run_dir), what="the runner's death")
+    # The next playbook run brings a new id: the box's run.json says which launch this is.
+    code, resumed = run_module(training_run, dict(args, cells=[cell("a"), cell("b")], launch_id="second-2"))
+    assert code == 0, resumed
+    assert (resumed["resumed"], resumed["skipped_cells"], resumed["launch_id"]) == (True, ["a"], "first-1")
+    wait_for((run_dir / "DONE").exists, what="DONE")
+    assert tree_digest(box["durable"] / "runs" / "r1" / "cells" / "a") == synced_a
+    assert json.loads((box["durable"] / "runs" / "r1" / ".launch.json").read_text())["launch_id"] == "first-1"
+    code, again = run_module(training_run, dict(args, new_attempt=True))
+    assert (code, again["changed"], again["state"], again["launch_id"]) == (
+        0,
+        False,
+        "done",
+        "first-1",
+    )  # nothing starts over a done run

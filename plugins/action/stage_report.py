@@ -1,0 +1,73 @@
+# Copyright (c) remote_gpu.trainer contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action of remote_gpu.trainer.stage_report: the fleet's report of a stage, run once for every targeted box.
+
+It reads each box's record from the variable the stage's task registered, for every host of the play
+(``ansible_play_hosts_all``: failed and unreachable ones too), so ``--limit`` cannot skip it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Dict, List, Mapping, Optional
+
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_lines as teardown_lines
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._report import write_report
+
+SPEC = {
+    "stage": {"type": "str", "required": True, "choices": ["teardown"]},
+    "result_var": {"type": "str", "required": True},
+    "report_dir": {"type": "str", "default": "reports"},
+}
+# What a report keeps of a record: never the module's invocation or raw provider output.
+RECORD_KEYS = (
+    "host", "status", "step", "reason", "line", "runs", "check_mode", "platform", "stop_meter", "verb", "irreversible",
+    "instance_id", "confirmed", "gate", "stop_running", "pull", "load_verify", "scratch", "meter_stop", "warnings",
+    "data_loss_clocks", "changed",
+)  # fmt: skip
+FORMATTERS = {"teardown": teardown_lines}
+
+
+def _no_record(host: str) -> Dict[str, Any]:
+    reason = "no teardown record: the host failed before its teardown step ran (see its task error above)"
+    record = {"host": host, "status": "REFUSED", "step": "validate", "reason": reason, "runs": ["?"]}
+    return dict(record, line=teardown_lines.line(record))
+
+
+class ActionModule(ActionBase):
+    _requires_connection = False
+    _supports_check_mode = True
+
+    def run(self, tmp: Optional[str] = None, task_vars: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        validated = ArgumentSpecValidator(SPEC).validate(self._task.args)
+        if validated.error_messages:
+            return dict(result, failed=True, msg="stage_report: " + "; ".join(validated.error_messages))
+        args = validated.validated_parameters
+        formatter = FORMATTERS[args["stage"]]
+        hostvars = task_vars.get("hostvars") or {}
+        records: List[Dict[str, Any]] = []
+        for host in task_vars.get("ansible_play_hosts_all") or []:
+            found = (hostvars.get(host) or {}).get(args["result_var"])
+            ok = isinstance(found, Mapping) and found.get("status") in formatter.STATUSES
+            records.append({key: found.get(key) for key in RECORD_KEYS if key in found} if ok else _no_record(host))
+        summary = formatter.summary(records)
+        shown = [text for record in records for text in formatter.lines(record)] + [f"SUMMARY: {summary['line']}"]
+        document = {
+            "generated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "stage": args["stage"],
+            "check_mode": bool(self._task.check_mode),
+            "summary": summary,
+            "hosts": records,
+        }
+        try:
+            path = write_report(args["report_dir"], args["stage"], document)
+        except OSError as error:
+            shown.append(f"report NOT written: {error}")
+            return dict(result, failed=True, msg=shown, _ansible_verbose_always=True)
+        shown.append(f"report: {path}")
+        return dict(result, changed=False, msg=shown, report=path, _ansible_verbose_always=True)

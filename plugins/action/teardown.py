@@ -1,0 +1,103 @@
+# Copyright (c) remote_gpu.trainer contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action of remote_gpu.trainer.teardown: one box's whole teardown in one controller step (see the module's docs)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from ansible.utils.display import Display
+
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_lines as lines
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_settings as options
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._report import Busy, box_lock
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import (
+    BoxUnreachable,
+    StageAction,
+    StageError,
+    unknown_variables,
+)
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._teardown_flow import Teardown
+
+display = Display()
+
+
+class ActionModule(StageAction):
+    ARGUMENT_SPEC = options.ARGUMENT_SPEC
+
+    def stage(self, args: Dict[str, Any], task_vars: Dict[str, Any]) -> Dict[str, Any]:
+        host = str(task_vars.get("inventory_hostname") or self._play_context.remote_addr)
+        problems = unknown_variables(task_vars, "teardown_", options.KNOWN_VARIABLES)
+        settings, more = options.settings_of(args, task_vars)
+        problems += more
+        if settings is None or problems:
+            record = {
+                "host": host,
+                "runs": options.names(args.get("runs")) or ["?"],
+                "check_mode": self._task.check_mode,
+            }
+            return self.finish(record, "REFUSED", "validate", "; ".join(problems))
+        flow = Teardown(self, settings, task_vars, host)
+        key = settings["instance_id"] or str(task_vars.get("ansible_host") or host)
+        try:
+            with box_lock("teardown", key, settings["lock_wait_s"]):
+                status, step, reason = self.steps(flow)
+        except Busy as busy:
+            status, step, reason = "REFUSED", "lock", str(busy)
+        except StageError as stop:
+            status, step, reason = lines.status_of_step(stop.step), stop.step, stop.reason
+        except BoxUnreachable as gone:
+            status, step, reason = "UNREACHABLE", "unreachable", str(gone)
+        return self.finish(flow.record, status, step, reason)
+
+    def steps(self, flow: Teardown) -> tuple:
+        flow.run_gate()
+        flow.survival()
+        flow.pull()
+        flow.load_verify()
+        confirmed, why = options.confirmation(flow.settings.confirm, flow.host)
+        flow.record["confirmed"] = confirmed
+        preview = flow.check_mode or not confirmed
+        verb = flow.settings.verb
+        if verb is not None and verb.irreversible and not preview:
+            display.warning(
+                f"{flow.host}: about to run meter-stop verb {verb.name}, which is IRREVERSIBLE: the instance and its "
+                f"disks are destroyed, data_dir {flow.settings['data_dir']} included; only the verified durable copy "
+                "remains"
+            )
+        flow.scratch(preview)
+        status = flow.stop_meter(preview)
+        if flow.check_mode:
+            return "CHECKED", None, "" if confirmed else why
+        if not confirmed:
+            return "UNCONFIRMED", "confirm", why
+        if status == "STOP_BY_HAND":
+            return status, "meter_stop", f"the meter of {flow.host} is stopped by hand: follow the steps below"
+        return status, None, ""
+
+    def finish(self, record: Dict[str, Any], status: str, step: Any, reason: str) -> Dict[str, Any]:
+        record.update(status=status, step=step, reason=reason)
+        record["warnings"] = warnings_of(record)
+        record["line"] = lines.line(record)
+        return dict(record, changed=bool(record.get("changed")), msg=record["line"])
+
+
+def warnings_of(record: Dict[str, Any]) -> list:
+    warnings = []
+    acting = record["status"] in ("TORN_DOWN", "CHECKED", "UNCONFIRMED", "STOP_BY_HAND")
+    if record.get("irreversible") and acting:
+        warnings.append(
+            f"meter-stop verb {record.get('verb')} is irreversible: the instance and its disks are destroyed; only "
+            "the verified durable copy remains"
+        )
+    if record.get("check_mode") and record.get("reason") and record["status"] == "CHECKED":
+        warnings.append(f"a real teardown stops before acting: {record['reason']}")
+    gate = record.get("gate") or {}
+    for run in gate.get("runs") or []:
+        if run.get("accepted"):
+            warnings.append(f"run {run['name']}: cells accepted unfinished (not secured): {', '.join(run['accepted'])}")
+    for other in (gate.get("instance") or {}).get("other_runs") or []:
+        if other.get("abandoned"):
+            warnings.append(f"run {other.get('name')} ABANDONED: {other.get('would_lose') or 'its scratch is lost'}")
+    warnings += [str(note) for note in gate.get("notes") or []]
+    return warnings

@@ -1,0 +1,330 @@
+# Copyright (c) remote_gpu.trainer contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One box's teardown, in order; the first step that fails stops the box and nothing after it runs.
+
+The gate (``teardown_gate`` on the box: the runs, and with a meter-stop the whole instance), the survival of the
+durable directory under the verb that actually runs, the pull (rsync over the connection's own SSH command) and its
+verification here, the load-verify, the confirmation, the scratch (``run_scratch`` re-hashes each cell's durable
+files right before removing that cell's scratch) and the meter-stop (the provider's CLI, polled to a final state).
+Three box modules at most (gate, load-verify, scratch), more only to stop live runs with ``stop_running``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from typing import Any, Dict, List, Mapping
+
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _copy_verify as copies
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _load_verify as loads
+from ansible_collections.remote_gpu.trainer.plugins.module_utils import _meter_stop as meter
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _rsync as rsync
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_settings as options
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import StageError, one_line
+
+try:
+    from ansible.template import trust_as_template
+except ImportError:  # ansible-core before 2.19 renders every string
+
+    def trust_as_template(value: Any) -> Any:
+        return value
+
+
+COMMAND_TIMEOUT_S = 60.0
+RSYNC_IO_TIMEOUT_S = 300
+
+
+class Teardown:
+    """The steps of one box; ``record`` holds each step's evidence as it is gathered."""
+
+    def __init__(self, action: Any, settings: options.Settings, task_vars: Dict[str, Any], host: str) -> None:
+        self.action, self.settings, self.task_vars, self.host = action, settings, task_vars, host
+        self.check_mode = bool(action._task.check_mode)
+        self.gate: Dict[str, Any] = {}
+        self.pulled: Dict[str, str] = {}  # run -> controller copy
+        verb = settings.verb
+        self.record: Dict[str, Any] = {
+            "host": host,
+            "runs": list(settings.runs) or ["all"],
+            "check_mode": self.check_mode,
+            "platform": settings["platform"] or None,
+            "stop_meter": bool(settings["stop_meter"]),
+            "verb": verb.name if verb is not None else options.NO_VERB,
+            "irreversible": bool(verb is not None and verb.irreversible),
+            "instance_id": settings["instance_id"] or None,
+            "confirmed": False,
+            "gate": None,
+            "stop_running": [],
+            "pull": None,
+            "load_verify": None,
+            "scratch": None,
+            "meter_stop": None,
+            "warnings": [],
+            "data_loss_clocks": list(settings["data_loss_clocks"]),
+            "changed": False,
+        }
+
+    # ---- the gate --------------------------------------------------------------------------------------------
+
+    def gate_args(self) -> Dict[str, Any]:
+        settings, verb = self.settings, self.settings.verb
+        args: Dict[str, Any] = {
+            "runs": list(settings.runs),
+            "data_dir": settings["data_dir"],
+            "accept_incomplete_cells": settings["accept_incomplete_cells"],
+            "accept_no_artifacts": settings["accept_no_artifacts"],
+            "verify_timeout_s": settings["verify_timeout_s"],
+            "instance": settings.instance,
+            "abandon_runs": settings["abandon_runs"],
+            "instance_id": settings["instance_id"],
+            "instance_id_env": settings["instance_id_env"],
+            "irreversible": bool(verb is not None and verb.irreversible),
+            "scratch_extra_paths": settings["scratch_extra_paths"],
+        }
+        if settings["durable_dir"]:
+            args["durable_dir"] = settings["durable_dir"]
+        return args
+
+    def run_gate(self) -> None:
+        with self.action.check_mode(False):
+            answer = self.action.box_module("teardown_gate", self.gate_args(), self.task_vars)
+        live = [entry["run"]["name"] for entry in answer.get("runs") or [] if _state(entry) == "running"]
+        if answer.get("step") == "run_alive" and live and self.settings["stop_running"]:
+            self.stop_live_runs(live, answer)
+            with self.action.check_mode(False):
+                answer = self.action.box_module("teardown_gate", self.gate_args(), self.task_vars)
+        self.gate = answer
+        self.record["gate"] = _gate_record(answer)
+        if answer.get("failed") and not answer.get("step"):
+            raise StageError("run_alive", f"teardown_gate failed: {answer.get('msg') or 'no message'}")
+        if answer.get("passed") is not True:
+            raise StageError(str(answer.get("step") or "run_alive"), answer.get("reason") or "the gate did not pass")
+
+    def stop_live_runs(self, live: List[str], answer: Mapping[str, Any]) -> None:
+        """stop_running kills training as surely as a meter-stop: it needs this host's confirmation (item 12)."""
+        confirmed, why = options.confirmation(self.settings.confirm, self.host)
+        if self.check_mode:
+            raise StageError("run_alive", f"{answer.get('reason')}; check mode stops nothing (stop_running)")
+        if not confirmed:
+            raise StageError(
+                "stop_running", f"{answer.get('reason')}; stop_running kills it only when confirmed: {why}"
+            )
+        for run in live:
+            stopped = self.action.box_module(
+                "training_run",
+                {
+                    "run": run,
+                    "data_dir": self.settings["data_dir"],
+                    "state": "stopped",
+                    "stop_grace_s": self.settings["stop_grace_s"],
+                },
+                self.task_vars,
+            )
+            entry = {key: stopped.get(key) for key in ("changed", "state", "msg")}
+            self.record["stop_running"].append(dict(entry, run=run))
+            self.record["changed"] = self.record["changed"] or bool(stopped.get("changed"))
+            if stopped.get("failed"):
+                raise StageError("stop_running", f"run {run} could not be stopped: {stopped.get('msg')}")
+
+    def survival(self) -> None:
+        verb = self.settings.verb
+        if verb is None or not self.settings["durable_dir"]:
+            return
+        if "durable_dir" not in verb.survives:
+            raise StageError(
+                "survival",
+                f"{self.settings['durable_dir']} does not survive {verb.name} (meter_stop_verbs.{verb.name}.survives: "
+                f"{', '.join(verb.survives) or 'nothing'}): use a verb it survives, or move durable_dir where it does",
+            )
+
+    # ---- the copies ------------------------------------------------------------------------------------------
+
+    def secured_runs(self) -> List[Dict[str, Any]]:
+        """The gate's runs that hold a durable copy: ``{name, dir, artifacts}``."""
+        runs = []
+        for entry in self.gate.get("runs") or []:
+            durable = entry.get("durable") or {}
+            if durable.get("exists") and durable.get("dir"):
+                runs.append({"name": entry["run"]["name"], "dir": durable["dir"], "artifacts": entry["artifacts"]})
+        return runs
+
+    def pull(self) -> None:
+        if not self.settings["pull_to"]:
+            self.record["pull"] = {"to": None, "note": "no pull (teardown_pull_to is not set)"}
+            return
+        root = os.path.realpath(os.path.expanduser(self.settings["pull_to"]))
+        record: Dict[str, Any] = {"to": os.path.join(root, self.host), "dry_run": self.check_mode, "runs": []}
+        self.record["pull"] = record
+        io_timeout = int(min(self.settings["pull_timeout_s"], RSYNC_IO_TIMEOUT_S))
+        for run in self.secured_runs():
+            dest = os.path.join(root, self.host, run["name"])
+            if not self.check_mode:
+                os.makedirs(dest, exist_ok=True)
+            try:
+                argv = rsync.pull_argv(
+                    self.action._connection, run["dir"], dest, dry_run=self.check_mode, io_timeout_s=io_timeout
+                )
+            except rsync.RsyncError as error:
+                raise StageError("pull", str(error)) from None
+            transfer = rsync.run(argv, self.settings["pull_timeout_s"])
+            entry: Dict[str, Any] = {
+                "run": run["name"],
+                "to": dest,
+                "argv": transfer.argv,
+                "received": transfer.received,
+                "received_count": transfer.received_count,
+            }
+            record["runs"].append(entry)
+            if transfer.error:
+                raise StageError("pull", f"run {run['name']}: {transfer.error}")
+            record["changed"] = record.get("changed", False) or bool(transfer.received_count and not self.check_mode)
+            if self.check_mode:
+                continue
+            checked = copies.verify_copy(dest, _plain(run["artifacts"]), self.settings["verify_timeout_s"])
+            entry.update(files=checked["files"], bytes=checked["bytes"], verified=checked["passed"])
+            if not checked["passed"]:
+                raise StageError("pull_verify", f"the controller copy does not verify: {checked['reason']}")
+            self.pulled[run["name"]] = dest
+        self.record["changed"] = self.record["changed"] or bool(record.get("changed"))
+
+    def load_verify(self) -> None:
+        command, _problem = options.load_command(self.task_vars.get("teardown_load_verify_cmd"))
+        on = self.settings["load_verify_on"]
+        if command is None:
+            self.record["load_verify"] = {"on": on, "ran": False, "note": "no load-verify command"}
+            return
+        record: Dict[str, Any] = {"on": on, "ran": False, "checks": 0, "failed": []}
+        self.record["load_verify"] = record
+        checks = self.load_checks(command, on)
+        if not checks:
+            record["note"] = "no artifact to load"
+            return
+        if on == "controller" and self.check_mode:
+            record["note"] = "not run: check mode makes no controller copy"
+            return
+        params = {"checks": checks, "timeout_s": self.settings["load_verify_timeout_s"]}
+        if on == "box":
+            with self.action.check_mode(False):
+                answer = self.action.box_module("load_verify", params, self.task_vars)
+        else:
+            try:
+                answer = loads.load_verify(params)
+            except ValueError as error:
+                raise StageError("load_verify", str(error)) from None
+        failed = [str(check.get("artifact")) for check in answer.get("checks") or [] if check.get("rc") != 0]
+        record.update(ran=True, checks=len(answer.get("checks") or []), failed=failed)
+        if answer.get("passed") is not True or failed or record["checks"] != len(checks):
+            raise StageError("load_verify", f"load-verify ({on}): {answer.get('reason') or answer.get('msg')}")
+
+    def load_checks(self, command: Any, on: str) -> List[Dict[str, Any]]:
+        """One check per chosen artifact, the command rendered with ``artifact`` set to its absolute path."""
+        wanted = [pattern.strip() for pattern in self.settings["load_verify_artifacts"] if pattern.strip()]
+        # The user's own variable, split here when it was one string: its pieces are as trusted as it was.
+        command = [trust_as_template(part) if isinstance(part, str) else part for part in command]
+        checks, seen = [], 0
+        for run in self.secured_runs():
+            root = self.pulled.get(run["name"]) if on == "controller" else run["dir"]
+            for artifact in run["artifacts"]:
+                seen += 1
+                if wanted and not any(fnmatch.fnmatchcase(artifact["path"], p) for p in wanted):
+                    continue
+                target = f"{str(root).rstrip('/')}/{artifact['path']}"
+                templar = self.action._templar.copy_with_new_env(
+                    available_variables={**self.task_vars, "artifact": target}
+                )
+                try:
+                    argv = options.argv_of(templar.template(command))
+                except Exception as error:  # a template error or a bad shape: one line naming the variable
+                    raise StageError("load_verify", f"teardown_load_verify_cmd: {one_line(error)}") from None
+                checks.append({"artifact": f"{run['name']}/{artifact['path']}", "argv": argv})
+        if wanted and seen and not checks:
+            raise StageError(
+                "load_verify",
+                f"teardown_load_verify_artifacts {wanted} match none of the {seen} artifacts (patterns match "
+                "cells/<cell>/<path>)",
+            )
+        return checks
+
+    # ---- the actions -----------------------------------------------------------------------------------------
+
+    def scratch(self, preview: bool) -> None:
+        runs = [entry["run"]["name"] for entry in self.gate.get("runs") or []]
+        args: Dict[str, Any] = {
+            "runs": runs,
+            "data_dir": self.settings["data_dir"],
+            "extra_paths": self.settings["scratch_extra_paths"],
+            "timeout_s": self.settings["scratch_timeout_s"],
+            "expected": {entry["run"]["name"]: _plain(entry.get("artifacts") or []) for entry in self.gate["runs"]},
+        }
+        if self.settings["durable_dir"]:
+            args["durable_dir"] = self.settings["durable_dir"]
+        with self.action.check_mode(preview):
+            answer = self.action.box_module("run_scratch", args, self.task_vars)
+        keys = ("changed", "removed", "would_remove", "runs", "durable_mismatch", "refused", "msg")
+        self.record["scratch"] = dict({key: answer.get(key) for key in keys if key in answer}, preview=preview)
+        if answer.get("failed"):
+            raise StageError("scratch", answer.get("msg") or "run_scratch failed")
+        self.record["changed"] = self.record["changed"] or bool(answer.get("changed") and not preview)
+
+    def stop_meter(self, preview: bool) -> str:
+        """The meter-stop; returns the status it earns (``TORN_DOWN``, ``STOP_BY_HAND``, ``CLEANED``)."""
+        verb = self.settings.verb
+        if verb is None:
+            if not self.settings["stop_meter"]:
+                self.record["meter_stop"] = {"state": "not_asked", "msg": "teardown_stop_meter=false: the box bills on"}
+                return "CLEANED"
+            self.record["meter_stop"] = {"state": "none", "msg": "no meter-stop on this platform (verb none)"}
+            return "TORN_DOWN"
+        if not verb.command:
+            steps = list(verb.manual_steps) or ["stop the instance in the provider's console"]
+            self.record["meter_stop"] = {"state": "manual", "verb": verb.name, "steps": steps}
+            return "STOP_BY_HAND"
+        plan = meter.plan_for(
+            verb,
+            timeout_s=self.settings["meter_stop_timeout_s"],
+            poll_interval_s=self.settings["meter_stop_poll_interval_s"],
+            command_timeout_s=COMMAND_TIMEOUT_S,
+        )
+        try:
+            changed, result = meter.meter_stop(plan, check_mode=preview)
+        except meter.MeterStopError as error:
+            self.record["meter_stop"] = dict(error.result, state="failed", verb=verb.name)
+            raise StageError("meter_stop", str(error)) from None
+        state = "would_run" if preview else ("already" if result.get("already") else "stopped")
+        self.record["meter_stop"] = dict(result, state=state, verb=verb.name)
+        self.record["changed"] = self.record["changed"] or bool(changed and not preview)
+        return "TORN_DOWN"
+
+
+def _state(entry: Mapping[str, Any]) -> str:
+    return str((entry.get("run") or {}).get("state") or "")
+
+
+def _plain(artifacts: List[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    return [{key: artifact[key] for key in ("path", "size", "sha256")} for artifact in artifacts]
+
+
+def _gate_record(answer: Mapping[str, Any]) -> Dict[str, Any]:
+    """What the report keeps of the gate: per run its state, cells and durable copy; the instance's evidence."""
+    runs = []
+    for entry in answer.get("runs") or []:
+        cells = entry.get("cells") or []
+        durable = entry.get("durable") or {}
+        runs.append(
+            {
+                "name": (entry.get("run") or {}).get("name"),
+                "state": _state(entry),
+                "passed": entry.get("passed"),
+                "reason": entry.get("reason") or "",
+                "cells": len(cells),
+                "cells_done": sum(1 for cell in cells if cell.get("done")),
+                "accepted": [cell.get("name") for cell in cells if cell.get("accepted")],
+                "durable_dir": durable.get("dir"),
+                "durable_files": durable.get("files") or 0,
+                "durable_bytes": durable.get("bytes") or 0,
+                "mismatches": durable.get("mismatches") or [],
+                "notes": entry.get("notes") or [],
+            }
+        )
+    keys = ("passed", "step", "reason", "notes")
+    return dict({key: answer.get(key) for key in keys}, runs=runs, instance=answer.get("instance"))
