@@ -49,9 +49,9 @@ MAX_LINES = 200_000  # the module's default cap (DEFAULT_MAX_LINES)
 # The module side: exactly gpu_health's read and parse; prints what it kept and found.
 CHILD = """
 import json, sys
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._command import subprocess_runner
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._kernel_log import read_kernel_log
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._xid import parse_kernel_log
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._command import subprocess_runner
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu._kernel_log import read_kernel_log
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu._xid import parse_kernel_log
 import time
 start = time.perf_counter()
 log = read_kernel_log(subprocess_runner, 60.0)
@@ -64,7 +64,7 @@ print(json.dumps({"seconds": seconds, "source": log["source"], "bytes_read": log
 # The part of the module side no parser can avoid: start, import, and drain dmesg's 1 MiB pipe to its end.
 PIPE_FLOOR = """
 import fcntl, json, os, subprocess, time
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _command, _kernel_log, _xid
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common import _command, _kernel_log, _xid
 start = time.perf_counter()
 proc = subprocess.Popen(["dmesg"], stdout=subprocess.PIPE)
 fcntl.fcntl(proc.stdout.fileno(), 1031, 1 << 20)

@@ -103,7 +103,7 @@ UNIT_KEYS = [("controller_cpu_s", "CPU-s"), ("box_cpu_s", "CPU-s")]
 # On the box: the launch code's own entry point, printing its result as JSON.
 LAUNCH = (
     "import json, sys\n"
-    "from ansible_collections.remote_gpu.trainer.plugins.module_utils._training_run import training_run\n"
+    "from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch._training_run import training_run\n"
     "print(json.dumps(training_run(json.loads(sys.argv[1]), False, lambda warning: None)))\n"
 )
 

@@ -71,7 +71,7 @@ from _harness import Bench, Sample, Stats, seed_script
 from collection_path import collection_root
 
 sys.path.insert(0, str(collection_root()))
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _log_scan
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol import _log_scan
 from ansible_collections.remote_gpu.trainer.tests.workload.harness import make_run, start_runner, wait_for
 
 ROW = "patrol_facts on 1 MB and 2 GB of cell logs, cold and warm tick, vs the seed's greps"

@@ -41,7 +41,7 @@ class ActionModule(StageAction):
         key = settings["instance_id"] or str(task_vars.get("ansible_host") or host)
         try:
             with box_lock("teardown", key, settings["lock_wait_s"]):
-                status, step, reason = self.steps(flow)
+                status, step, reason = flow.run(display.warning)
         except Busy as busy:
             status, step, reason = "REFUSED", "lock", str(busy)
         except StageError as stop:
@@ -49,31 +49,6 @@ class ActionModule(StageAction):
         except BoxUnreachable as gone:
             status, step, reason = "UNREACHABLE", "unreachable", str(gone)
         return self.finish(flow.record, status, step, reason)
-
-    def steps(self, flow: Teardown) -> tuple:
-        flow.run_gate()
-        flow.survival()
-        flow.pull()
-        flow.load_verify()
-        confirmed, why = options.confirmation(flow.settings.confirm, flow.host)
-        flow.record["confirmed"] = confirmed
-        preview = flow.check_mode or not confirmed
-        verb = flow.settings.verb
-        if verb is not None and verb.irreversible and not preview:
-            display.warning(
-                f"{flow.host}: about to run meter-stop verb {verb.name}, which is IRREVERSIBLE: the instance and its "
-                f"disks are destroyed, data_dir {flow.settings['data_dir']} included; only the verified durable copy "
-                "remains"
-            )
-        flow.scratch(preview)
-        status = flow.stop_meter(preview)
-        if flow.check_mode:
-            return "CHECKED", None, "" if confirmed else why
-        if not confirmed:
-            return "UNCONFIRMED", "confirm", why
-        if status == "STOP_BY_HAND":
-            return status, "meter_stop", f"the meter of {flow.host} is stopped by hand: follow the steps below"
-        return status, None, ""
 
     def finish(self, record: Dict[str, Any], status: str, step: Any, reason: str) -> Dict[str, Any]:
         record.update(status=status, step=step, reason=reason)
@@ -99,5 +74,6 @@ def warnings_of(record: Dict[str, Any]) -> list:
     for other in (gate.get("instance") or {}).get("other_runs") or []:
         if other.get("abandoned"):
             warnings.append(f"run {other.get('name')} ABANDONED: {other.get('would_lose') or 'its scratch is lost'}")
-    warnings += [str(note) for note in gate.get("notes") or []]
+    # The id check's note is on the line already.
+    warnings += [str(note) for note in gate.get("notes") or [] if not str(note).startswith("instance_id ")]
     return warnings

@@ -13,7 +13,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
 from ansible.errors import AnsibleFilterError
 from ansible.utils.display import Display
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import worst_status as _worst_of_levels
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._findings import (
+    worst_status as _worst_of_levels,
+)
 
 UNREACHABLE = "UNREACHABLE"
 STATUSES = ("PASS", "WARN", "FAIL", UNREACHABLE)

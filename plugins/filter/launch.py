@@ -16,8 +16,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _rsync_argv as rsync
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import NAME_PATTERN
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common import _rsync_argv as rsync
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import NAME_PATTERN
 
 ENV_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
 SECRET_SOURCES = ("env", "file")

@@ -18,7 +18,7 @@ from ansible.errors import AnsibleFilterError
 from ansible.utils.display import Display
 
 from ansible_collections.remote_gpu.trainer.plugins.filter.fleet import EXIT_REPORT_NOT_WRITTEN, UNREACHABLE
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding, status_of
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._findings import finding, status_of
 
 # The box names its Python and architecture; the controller joins this into a cache path, so nothing else passes.
 WHEEL_TAG = re.compile(r"\Apy\d+\.\d+-[A-Za-z0-9_]+\Z")

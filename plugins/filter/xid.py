@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._xid import xid_info as _catalog_lookup
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu._xid import xid_info as _catalog_lookup
 
 
 def xid_info(code: Any) -> Dict[str, Any]:

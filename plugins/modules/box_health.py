@@ -145,9 +145,9 @@ facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._box import check_box
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import status_of
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import Between, NonEmpty, check_options
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.box._box import check_box
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._findings import status_of
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._options import Between, NonEmpty, check_options
 
 ARGUMENT_SPEC = {
     "data_dir": {"type": "path", "required": True},

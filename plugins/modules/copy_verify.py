@@ -83,8 +83,8 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._copy_verify import verify_copy
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import Between, NonEmpty, check_options
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._options import Between, NonEmpty, check_options
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._copy_verify import verify_copy
 
 ARGUMENT_SPEC = {
     "path": {"type": "path", "required": True},

@@ -323,9 +323,13 @@ from typing import Any, Dict
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._command import subprocess_runner
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_health import BACKENDS, check_gpu_health
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import Between, DottedVersion, check_options
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._command import subprocess_runner
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._options import (
+    Between,
+    DottedVersion,
+    check_options,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu._gpu_health import BACKENDS, check_gpu_health
 
 try:
     import pynvml

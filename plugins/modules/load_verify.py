@@ -121,8 +121,8 @@ checks:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._load_verify import load_verify
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import Between, check_options
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._options import Between, check_options
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._load_verify import load_verify
 
 CHECK_OPTIONS = {
     "artifact": {"type": "str", "required": True},

@@ -177,7 +177,7 @@ from typing import Any, Dict
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._meter_stop import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._meter_stop import (
     NO_VERB,
     MeterStopError,
     meter_stop,

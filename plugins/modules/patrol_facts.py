@@ -317,11 +317,14 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _monitor
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._log_scan import compile_progress, compile_signatures
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import Between, NonEmpty, check_options
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._patrol import patrol
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import NAME_PATTERN
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._options import Between, NonEmpty, check_options
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import NAME_PATTERN
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._log_scan import (
+    compile_progress,
+    compile_signatures,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._patrol import patrol
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner import _monitor
 
 ARGUMENT_SPEC = {
     "data_dir": {"type": "path", "required": True},

@@ -167,8 +167,11 @@ problems:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import Between, check_options
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._run_scratch import ScratchFailure, run_scratch
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._options import Between, check_options
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._run_scratch import (
+    ScratchFailure,
+    run_scratch,
+)
 
 ARGUMENT_SPEC = {
     "runs": {"type": "list", "elements": "str", "required": True, "aliases": ["run"]},

@@ -11,7 +11,7 @@ short_description: Write a stage's fleet report and print one line per box, for 
 version_added: "0.2.0"
 description:
   - An action plugin, run with C(run_once) after a stage's per-box task. It reads each box's record from
-    O(result_var) for every host of the play (C(ansible_play_hosts_all): failed and unreachable ones too), so a
+    O(result_var) for every host of the play (C(ansible_play_hosts_all), failed and unreachable ones too), so a
     C(--limit) run still reports. A host without a record failed before its stage ran (role argument validation).
   - Writes C(<report_dir>/<stage>-<UTC>.json) (mode 0600; a second report in the same second gets C(-1), C(-2)...)
     and C(<stage>-latest.json); fails (exit code 2) when it cannot, after printing every line.

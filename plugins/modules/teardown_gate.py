@@ -219,8 +219,8 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import Between, NonEmpty, check_options
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._teardown_gate import teardown_gate
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._options import Between, NonEmpty, check_options
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._teardown_gate import teardown_gate
 
 ARGUMENT_SPEC = {
     "runs": {"type": "list", "elements": "str", "default": [], "aliases": ["run"]},

@@ -347,8 +347,8 @@ cells:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import Between, check_options
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._training_run import LaunchError, training_run
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._options import Between, check_options
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch._training_run import LaunchError, training_run
 
 CELL_OPTIONS = {
     "name": {"type": "str", "required": True},

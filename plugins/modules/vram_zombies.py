@@ -264,9 +264,9 @@ from typing import Any, Dict, List, Pattern
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _procs
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import Between, NonEmpty, check_options
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._zombie_scan import scan_and_reap
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._options import Between, NonEmpty, check_options
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.procs import _procs
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.procs._zombie_scan import scan_and_reap
 
 ARGUMENT_SPEC: Dict[str, Dict[str, Any]] = {
     "kill": {"type": "bool", "default": False},

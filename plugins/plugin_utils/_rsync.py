@@ -18,7 +18,8 @@ from typing import Any, List, Sequence
 
 from ansible.module_utils.common.text.converters import to_text
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _rsync_argv as rsync_text
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common import _rsync_argv as rsync_text
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import MANIFEST_LOCK
 
 LOCAL = ("local", "ansible.builtin.local")
 SSH = ("ssh", "ansible.builtin.ssh")
@@ -80,7 +81,7 @@ def pull_argv(connection: Any, source: str, dest: str, *, dry_run: bool, io_time
         raise RsyncError(f"the controller directory {dest!r} must be absolute")
     argv = ["rsync", "--recursive", "--times", "--partial", "--itemize-changes", f"--timeout={max(io_timeout_s, 1)}"]
     # The manifest's lock file (launch's sync takes it while writing MANIFEST.sha256) is no result.
-    argv.append("--exclude=/.MANIFEST.sha256.lock")
+    argv.append(f"--exclude=/{MANIFEST_LOCK}")
     if dry_run:
         argv.append("--dry-run")
     if _transport(connection) not in LOCAL:

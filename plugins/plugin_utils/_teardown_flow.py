@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from typing import Any, Dict, List, Mapping
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _copy_verify as copies
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _load_verify as loads
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _meter_stop as meter
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _copy_verify as copies
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _load_verify as loads
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _meter_stop as meter
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _rsync as rsync
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_settings as options
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import StageError, one_line
@@ -63,6 +63,32 @@ class Teardown:
             "data_loss_clocks": list(settings["data_loss_clocks"]),
             "changed": False,
         }
+
+    def run(self, warn: Callable[[str], None]) -> Tuple[str, Optional[str], str]:
+        """Every step in order: (status, step, reason). A failed step raises StageError (or BoxUnreachable)."""
+        self.run_gate()
+        self.survival()
+        self.pull()
+        self.load_verify()
+        confirmed, why = options.confirmation(self.settings.confirm, self.host)
+        self.record["confirmed"] = confirmed
+        preview = self.check_mode or not confirmed
+        verb = self.settings.verb
+        if verb is not None and verb.irreversible and not preview:
+            warn(
+                f"{self.host}: about to run meter-stop verb {verb.name}, which is IRREVERSIBLE: the instance and its "
+                f"disks are destroyed, data_dir {self.settings['data_dir']} included; only the verified durable copy "
+                "remains"
+            )
+        self.scratch(preview)
+        status = self.stop_meter(preview)
+        if self.check_mode:
+            return "CHECKED", None, "" if confirmed else why
+        if not confirmed:
+            return "UNCONFIRMED", "confirm", why
+        if status == "STOP_BY_HAND":
+            return status, "meter_stop", f"the meter of {self.host} is stopped by hand: follow the steps below"
+        return status, None, ""
 
     # ---- the gate --------------------------------------------------------------------------------------------
 

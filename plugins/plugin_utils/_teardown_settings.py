@@ -15,8 +15,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _meter_stop as meter
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import NAME_PATTERN
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import NAME_PATTERN
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _meter_stop as meter
 
 ALL_RUNS = "all"
 NO_VERB = "none"

@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runspec import parse_spec
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runspec import parse_spec
 
 FAKE_TRAIN = Path(__file__).resolve().parent / "fake_train.py"
 COLLECTIONS = Path(__file__).resolve().parents[2] / ".build" / "collections"
 RUNNER_MAIN = (
-    "import sys; from ansible_collections.remote_gpu.trainer.plugins.module_utils._runner import main; "
+    "import sys; from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._runner import main; "
     "sys.exit(main(sys.argv[1:]))"
 )
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for c
 from collection_path import collection_root
 
 sys.path.insert(0, str(collection_root()))
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import write_json_atomic
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import write_json_atomic
 
 READY_TIMEOUT_S = 20.0
 

@@ -6,7 +6,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.remote_gpu.trainer.plugins.filter import fleet, preflight
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._findings import finding
 
 XID79 = finding("xid_hardware", "FAIL", "Xid 79 on GPU 0: fallen off the bus", "re_rent", gpu=0, xid=79)
 NO_KLOG = finding("kernel_log_unreadable", "WARN", "dmesg: Operation not permitted", "investigate")

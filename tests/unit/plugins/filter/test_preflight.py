@@ -10,7 +10,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.remote_gpu.trainer.plugins.filter import fleet, preflight
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import finding
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._findings import finding
 
 H100 = "NVIDIA H100 80GB HBM3"
 # The checks as the preflight role declares them (which module, how its failure counts, which facts it keeps).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _box
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.box import _box
 
 GIB = 1024**3
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _box_findings
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.box import _box_findings
 
 GIB = 1024**3
 

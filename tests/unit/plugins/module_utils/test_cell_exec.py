@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _cell_exec
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._cell_exec import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner import _cell_exec
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_exec import (
     ENV_WRAPPER,
     Attempt,
     build_env,

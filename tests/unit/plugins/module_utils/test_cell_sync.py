@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _cell_sync
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._cell_sync import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner import _cell_sync
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_sync import (
     SyncError,
     collect,
     prune,

@@ -10,8 +10,11 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _copy_verify
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._copy_verify import checked_expected, verify_copy
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _copy_verify
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._copy_verify import (
+    checked_expected,
+    verify_copy,
+)
 
 
 def entry(path: str, data: bytes) -> Dict[str, Any]:

@@ -7,8 +7,8 @@ import errno
 import os
 import time
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _disk
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._box_findings import disk_findings
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.box import _disk
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.box._box_findings import disk_findings
 
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 

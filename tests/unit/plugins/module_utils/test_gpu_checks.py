@@ -6,13 +6,13 @@ import copy
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_checks import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu._gpu_checks import (
     box_findings,
     compare_versions,
     gpu_findings,
     window_summary,
 )
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu._gpu_model import (
     NOT_SUPPORTED,
     cuda_version_text,
     normalize_bus_id,

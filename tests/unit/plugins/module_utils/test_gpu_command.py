@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._command import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._command import (
     RC_NOT_FOUND,
     RC_TIMEOUT,
     subprocess_runner,

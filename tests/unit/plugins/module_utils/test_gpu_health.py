@@ -13,8 +13,8 @@ import pytest
 import yaml
 from build import environment
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _kernel_log as kl
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_health import check_gpu_health, parse_since
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu import _kernel_log as kl
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu._gpu_health import check_gpu_health, parse_since
 from ansible_collections.remote_gpu.trainer.plugins.modules.gpu_health import default_options
 from ansible_collections.remote_gpu.trainer.tests.testpaths import CAPTURES, REPO, SCENARIOS
 from ansible_collections.remote_gpu.trainer.tests.unit.plugins.module_utils.test_gpu_nvml import (

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import NOT_SUPPORTED, same_gpu
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_nvml import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu._gpu_model import NOT_SUPPORTED, same_gpu
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu._gpu_nvml import (
     NvmlBackend,
     NvmlLibraryMissing,
     NvmlNoDriver,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _gpu_smi as smi
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _smi_parse as parse
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu import _gpu_smi as smi
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu import _smi_parse as parse
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu._gpu_model import (
     NOT_SUPPORTED,
     normalize_bus_id,
     reason_names,

@@ -9,10 +9,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _kernel_log as kl
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _stream_tail as st
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _xid
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._command import subprocess_runner
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._command import subprocess_runner
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu import _kernel_log as kl
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu import _xid
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol import _stream_tail as st
 from ansible_collections.remote_gpu.trainer.tests.testpaths import CAPTURES
 
 DENIED = (1, "", "dmesg: read kernel buffer failed: Operation not permitted\n")

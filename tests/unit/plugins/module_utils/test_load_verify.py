@@ -10,8 +10,8 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _load_verify
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._load_verify import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _load_verify
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._load_verify import (
     load_verify,
     parse_checks,
     run_check,

@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _log_scan
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._log_scan import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol import _log_scan
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._log_scan import (
     compile_progress,
     compile_signatures,
     load_cursor,

@@ -21,7 +21,7 @@ import jinja2
 import pytest
 import yaml
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._meter_stop import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._meter_stop import (
     MeterStopError,
     Plan,
     error_line,

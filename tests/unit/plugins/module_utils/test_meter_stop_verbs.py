@@ -7,7 +7,7 @@ from typing import Any, Dict
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._meter_stop_verbs import NO_VERB, parse_verb
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._meter_stop_verbs import NO_VERB, parse_verb
 
 LIST = {"command": ["runpodctl", "pod", "list", "--all"], "list": "", "id": "p1", "state_key": "desiredStatus"}
 

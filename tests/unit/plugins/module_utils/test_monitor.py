@@ -12,8 +12,8 @@ import types
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _monitor
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._monitor import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner import _monitor
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._monitor import (
     Monitor,
     cgroup_memory,
     cpu_times,

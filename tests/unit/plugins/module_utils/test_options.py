@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._options import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._options import (
     Between,
     DottedVersion,
     NonEmpty,

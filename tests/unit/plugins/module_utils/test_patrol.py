@@ -10,8 +10,11 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _patrol, _patrol_gpus
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._log_scan import compile_progress, compile_signatures
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol import _patrol, _patrol_gpus
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._log_scan import (
+    compile_progress,
+    compile_signatures,
+)
 from ansible_collections.remote_gpu.trainer.tests.workload.harness import (
     kill_session,
     make_run,

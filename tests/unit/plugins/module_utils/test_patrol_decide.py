@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._patrol_decide import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._patrol_decide import (
     decide_box,
     decide_run,
     gpu_idle,

@@ -11,8 +11,8 @@ import harness
 import psutil
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _procs, _zombie_scan
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree import Proc
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.procs import _procs, _zombie_scan
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.procs._proctree import Proc
 
 
 @pytest.fixture

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Dict
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import Run
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.procs._proctree import (
     Proc,
     ancestors,
     belongs_to_run,
     run_is_live,
     same_process,
 )
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import Run
 
 NOW = 1_000_000.0
 OLD = NOW - 3600

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _rsync_argv as rsync
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common import _rsync_argv as rsync
 
 HOST = {
     "connection": "ssh",

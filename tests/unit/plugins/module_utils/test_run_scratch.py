@@ -18,8 +18,11 @@ from typing import Any, Dict
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _run_scratch, _scratch_checks
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._run_scratch import ScratchFailure, run_scratch
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _run_scratch, _scratch_checks
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._run_scratch import (
+    ScratchFailure,
+    run_scratch,
+)
 
 DEAD_PID = 2**22 + 7  # above the kernel's largest PID: never alive
 CHECKPOINT = b"w" * 1000

@@ -12,9 +12,12 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._run_scratch import ScratchFailure, run_scratch
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import tombstone_path
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._teardown_gate import teardown_gate
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import tombstone_path
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._run_scratch import (
+    ScratchFailure,
+    run_scratch,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._teardown_gate import teardown_gate
 from ansible_collections.remote_gpu.trainer.tests.workload.harness import make_run, start_runner, train
 
 CELLS = [{"name": name, "command": train("--ckpt-kib", "8")} for name in ("a", "b")]

@@ -12,10 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _runner
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._cell_exec import marker_entry, members, own_ids
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runner import RUNNER_MODULES, Runner, RunnerLog
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import parse_result, parse_run
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import parse_result, parse_run
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner import _runner
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_exec import marker_entry, members, own_ids
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._runner import RUNNER_MODULES, Runner, RunnerLog
 from ansible_collections.remote_gpu.trainer.tests.workload.harness import (
     make_run,
     records,
@@ -25,7 +25,7 @@ from ansible_collections.remote_gpu.trainer.tests.workload.harness import (
     wait_for,
 )
 
-MODULE_UTILS = Path(_runner.__file__).resolve().parent
+MODULE_UTILS = Path(_runner.__file__).resolve().parent.parent
 SECRET = "rgt-unit-secret-7d2e"
 
 
@@ -304,12 +304,14 @@ def _imports(name: str, seen: set) -> set:
     seen.add(name)
     for node in ast.walk(ast.parse((MODULE_UTILS / name).read_text())):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(_runner.PACKAGE):
-            _imports(node.module.rsplit(".", 1)[1] + ".py", seen)
+            _imports(node.module[len(_runner.PACKAGE) + 1 :].replace(".", "/") + ".py", seen)
     return seen
 
 
 def test_runner_modules_are_exactly_what_it_imports_and_enough_to_run_alone(tmp_path):
-    assert set(RUNNER_MODULES) == _imports("_runner.py", set()) and len(set(RUNNER_MODULES)) == len(RUNNER_MODULES)
+    assert set(RUNNER_MODULES) == _imports("runner/_runner.py", set()) and len(set(RUNNER_MODULES)) == len(
+        RUNNER_MODULES
+    )
     run_dir = make_run(tmp_path, [{"name": "a", "command": train()}], artifacts=["best.pth"])
     installed = _runner.install_runner(str(run_dir / "runner"), lambda name: (MODULE_UTILS / name).read_bytes())
     assert len(installed) == len(RUNNER_MODULES) + 1

@@ -9,9 +9,13 @@ from datetime import datetime, timezone
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _runs
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree import Proc, run_is_live
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import parse_result, parse_run, read_run_registry
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout import _runs
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import (
+    parse_result,
+    parse_run,
+    read_run_registry,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.procs._proctree import Proc, run_is_live
 
 
 def test_paths_follow_the_contract():

@@ -7,8 +7,12 @@ import os
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _runspec
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runspec import load_spec, parse_spec, read_secrets
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout import _runspec
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runspec import (
+    load_spec,
+    parse_spec,
+    read_secrets,
+)
 
 
 def spec(**overrides):

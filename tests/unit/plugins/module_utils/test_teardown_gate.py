@@ -14,9 +14,12 @@ from typing import Any, Dict
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _teardown_gate
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import tombstone_path
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._teardown_gate import parse_manifest, teardown_gate
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import tombstone_path
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _teardown_gate
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._teardown_gate import (
+    parse_manifest,
+    teardown_gate,
+)
 from ansible_collections.remote_gpu.trainer.tests.workload.harness import (
     kill_session,
     make_run,

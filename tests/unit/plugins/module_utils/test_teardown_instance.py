@@ -14,10 +14,10 @@ from typing import Any, Dict
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _teardown_instance
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._run_scratch import run_scratch
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import list_runs
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._teardown_gate import teardown_gate
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import list_runs
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _teardown_instance
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._run_scratch import run_scratch
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._teardown_gate import teardown_gate
 from ansible_collections.remote_gpu.trainer.tests.workload.harness import make_run, start_runner, train
 
 CELL = [{"name": "a", "command": train("--ckpt-kib", "8")}]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _launch_attempt
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._launch_attempt import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _launch_attempt
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch._launch_attempt import (
     Archive,
     Attempt,
     AttemptRefused,
@@ -19,7 +19,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils._launch_attempt
     plan,
     recorded_launch_id,
 )
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import NAME_PATTERN, tombstone_path
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import NAME_PATTERN, tombstone_path
 
 
 @pytest.fixture

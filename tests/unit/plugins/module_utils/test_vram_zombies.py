@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import Gpu
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree import Proc
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import Run
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._vram_zombies import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu._gpu_model import Gpu
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import Run
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.procs._proctree import Proc
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.procs._vram_zombies import (
     Policy,
     Verdict,
     commands_needed,

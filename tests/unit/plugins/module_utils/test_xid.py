@@ -7,9 +7,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _gpu_model, _xid
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._findings import ACTIONS, status_of
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._xid_findings import pci_to_gpu_index, xid_findings
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._findings import ACTIONS, status_of
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu import _gpu_model, _xid
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu._xid_findings import pci_to_gpu_index, xid_findings
 from ansible_collections.remote_gpu.trainer.tests.testpaths import CAPTURES
 
 KMSG = CAPTURES / "kmsg"

@@ -8,9 +8,9 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _procs, _zombie_scan
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._gpu_model import Gpu
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._proctree import Proc
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu._gpu_model import Gpu
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.procs import _procs, _zombie_scan
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.procs._proctree import Proc
 
 OLD = time.time() - 3600
 PARAMS: Dict[str, Any] = {

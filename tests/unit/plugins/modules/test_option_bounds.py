@@ -14,7 +14,7 @@ import pytest
 import yaml
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _gpu_health
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu import _gpu_health
 from ansible_collections.remote_gpu.trainer.plugins.modules import box_health, gpu_health, vram_zombies
 
 MODULES = {"gpu_health": gpu_health, "box_health": box_health, "vram_zombies": vram_zombies}

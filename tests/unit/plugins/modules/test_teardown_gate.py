@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _teardown_instance
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _teardown_instance
 from ansible_collections.remote_gpu.trainer.plugins.modules import copy_verify, teardown_gate
 from ansible_collections.remote_gpu.trainer.tests.workload.harness import make_run, start_runner, train
 

@@ -22,8 +22,8 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _run_detach, _training_run
-from ansible_collections.remote_gpu.trainer.plugins.module_utils._runs import tombstone_path
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _run_detach, _training_run
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import tombstone_path
 from ansible_collections.remote_gpu.trainer.plugins.modules import training_run
 from ansible_collections.remote_gpu.trainer.tests.collection_path import collection_root
 

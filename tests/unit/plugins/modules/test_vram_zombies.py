@@ -13,7 +13,7 @@ from pathlib import Path
 import harness
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils import _procs
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.procs import _procs
 from ansible_collections.remote_gpu.trainer.plugins.modules import vram_zombies
 
 

@@ -1,0 +1,452 @@
+# Copyright (c) remote_gpu.trainer contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What ``training_run`` decides on a box: start a run, leave a live or finished one alone, resume a dead one, stop one.
+
+Every decision that starts something is taken under an flock on ``<data_dir>/runs/.launch.lock``, held until the
+new runner has registered itself in ``run.json``: two launches racing on one box never start two copies of a run,
+nor two runs where ``allow_concurrent`` is off. A run name that was torn down, or whose durable copy holds another
+launch, is refused unless the user asks for a new attempt (``_launch_attempt``). The runner itself (``_runner``)
+does the cells; this side writes its input (``spec.json``, ``.secrets.json``), installs its code, detaches it and
+reads back the run's state. Secrets reach only the 0600 file: never a message, a result or another file. Pure
+standard library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._command import subprocess_runner
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._deadline import run_with_deadline
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _run_detach as detach
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch._launch_attempt import (
+    Attempt,
+    AttemptRefused,
+    archive,
+    new_launch_id,
+    plan,
+    recorded_launch_id,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._run_state import (
+    OnDisk,
+    done_cells,
+    facts,
+    read_json_quietly,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import (
+    RUN_MARKER,
+    LaunchLockBusy,
+    Run,
+    launch_lock,
+    read_run_registry,
+    run_dir,
+    run_json,
+    write_json_atomic,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runspec import (
+    ENV_NAME_CHARS,
+    RunSpec,
+    load_spec,
+    parse_spec,
+    runner_log,
+    secrets_json,
+    spec_json,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._runner import RUN_PY, RUNNER_MODULES
+
+GPU_QUERY = ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"]
+GPU_TIMEOUT_S = 10.0
+DATA_DIR_TIMEOUT_S = 10.0
+LOCK_MARGIN_S = 30.0  # another launch holds the lock for at most its start_timeout_s, plus its writes
+STOP_SETTLE_S = 10.0  # after stop_grace_s, the runner still writes its cells' results and exits
+LOG_TAIL_LINES = 3
+POLL_S = 0.05
+# The keys spec.json takes from the module's options as they are.
+SPEC_OPTIONS = (
+    "run", "data_dir", "durable_dir", "workdir", "env_hook", "conda_env", "gpus_per_cell", "max_parallel", "prune",
+    "artifacts", "stop_on_failure", "stop_grace_s", "monitor_interval_s", "monitor_max_bytes", "shard", "launch_id",
+)  # fmt: skip
+
+
+class LaunchError(Exception):
+    """The module fails with this one-line message (never a secret) and these facts."""
+
+    def __init__(self, message: str, facts: Optional[Dict[str, Any]] = None) -> None:
+        super().__init__(message)
+        self.facts = facts or {}
+
+
+def detect_gpus(runner: Callable[[List[str], float], Tuple[int, str, str]] = subprocess_runner) -> List[int]:
+    """The box's GPU indices from nvidia-smi (bounded); [] (the whole box, no CUDA_VISIBLE_DEVICES) without it."""
+    rc, out, _err = runner(list(GPU_QUERY), GPU_TIMEOUT_S)
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    if rc != 0 or not all(line.isdigit() for line in lines):
+        return []
+    return sorted({int(line) for line in lines})
+
+
+def _secrets(values: Any) -> Dict[str, str]:
+    """Validate the secrets' names and types; messages name the variable, never its value."""
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ValueError("secrets must be a mapping of environment variable names to strings")
+    for key, value in values.items():
+        valid = isinstance(key, str) and bool(key) and not key[0].isdigit() and set(key) <= ENV_NAME_CHARS
+        if not valid:
+            raise ValueError(f"secrets: {key!r} is not an environment variable name")
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"secrets.{key} must be a non-empty string")
+    return dict(values)
+
+
+def build_spec(params: Mapping[str, Any], gpus: List[int]) -> Tuple[RunSpec, Dict[str, str]]:
+    """The run's spec and secrets from the module's options; ValueError names the bad option."""
+    document: Dict[str, Any] = {key: params.get(key) for key in SPEC_OPTIONS}
+    document["workdir"] = params.get("workdir") or os.path.join(str(params.get("data_dir")), "code", params["run"])
+    document["cells"] = [
+        {key: value for key, value in cell.items() if value is not None} if isinstance(cell, dict) else cell
+        for cell in params.get("cells") or []
+    ]
+    env = params.get("env") or {}
+    # YAML turns OMP_NUM_THREADS: 4 into a number; the environment holds text.
+    document["env"] = {
+        k: str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in env.items()
+    }
+    document["gpus"] = list(gpus)
+    shard = params.get("shard")
+    if shard is not None:
+        index, count = shard.get("index"), shard.get("count")
+        if not (isinstance(count, int) and count >= 1 and isinstance(index, int) and 0 <= index < count):
+            raise ValueError(f"shard needs 1 <= count and 0 <= index < count, got index {index!r}, count {count!r}")
+        document["shard"] = {"index": index, "count": count}
+    spec = parse_spec({k: v for k, v in document.items() if v is not None})
+    secrets = _secrets(params.get("secrets"))
+    if spec.env.get("WANDB_MODE") == "online" and "WANDB_API_KEY" not in secrets and "WANDB_API_KEY" not in spec.env:
+        raise ValueError("env WANDB_MODE=online needs a WANDB_API_KEY secret (without a key W&B cannot log online)")
+    return spec, secrets
+
+
+def _probe_data_dir(data_dir: str) -> None:
+    answer = run_with_deadline({"isdir": functools.partial(os.path.isdir, data_dir)}, DATA_DIR_TIMEOUT_S)["isdir"]
+    if answer.get("timed_out"):
+        raise LaunchError(f"data_dir {data_dir} did not answer within {DATA_DIR_TIMEOUT_S:g} s (a hung mount?)")
+    if "error" in answer or (not answer.get("value") and os.path.lexists(data_dir)):
+        raise LaunchError(f"data_dir {data_dir} is not a usable directory")
+
+
+def write_run_files(spec: RunSpec, secrets: Mapping[str, str]) -> str:
+    """spec.json (0644), .secrets.json (0600, removed when there are none: an old one must not reach new cells)
+    and the runner's code; the path of run.py."""
+    os.makedirs(spec.run_dir, exist_ok=True)
+    write_json_atomic(spec_json(spec.run_dir), spec.to_json())
+    os.chmod(spec_json(spec.run_dir), 0o644)
+    if secrets:
+        write_json_atomic(secrets_json(spec.run_dir), dict(secrets), private=True)
+    elif os.path.lexists(secrets_json(spec.run_dir)):
+        os.unlink(secrets_json(spec.run_dir))
+    return detach.install_runner(spec.run_dir, RUNNER_MODULES, RUN_PY)
+
+
+def _log_tail(path: str, secrets: Mapping[str, str]) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.fstat(handle.fileno()).st_size - 8192))
+            lines = handle.read().decode("utf-8", errors="replace").splitlines()[-LOG_TAIL_LINES:]
+    except OSError:
+        return ""
+    text = " | ".join(line.strip()[:300] for line in lines if line.strip())
+    for value in sorted(secrets.values(), key=len, reverse=True):
+        text = text.replace(value, "<redacted>")
+    return f"; runner.log: {text}" if text else ""
+
+
+def _tmux_ready(tmux: str, run: str) -> None:
+    """A session of this name without a live runner: its dead panes are cleared, a live pane refuses the start."""
+    session = detach.tmux_session(run)
+    panes = detach.tmux_panes(tmux, session, os.environ)
+    if panes is None:
+        return
+    alive = [pid for dead, pid in panes if not dead]
+    if alive:
+        raise LaunchError(
+            f"tmux session {session} exists (pane pid {alive[0]}) but run {run} has no live runner; "
+            f"end it (tmux kill-session -t {session}) or set detach: setsid"
+        )
+    detach.kill_tmux_session(tmux, session, os.environ)
+
+
+@dataclass(frozen=True)
+class Detached:
+    """How a runner was just started: ``how`` (tmux / setsid), the tmux binary, its pid, when, and the started_at of
+    the run.json it replaces (a dead runner's, on a resume)."""
+
+    how: str
+    tmux: Optional[str]
+    pid: Optional[int]
+    since: float
+    previous: Optional[str]
+
+    def gone(self, run: str) -> bool:
+        """The runner already ended: its tmux session has no live pane, or its pid is gone."""
+        if self.how == "tmux" and self.tmux is not None:
+            panes = detach.tmux_panes(self.tmux, detach.tmux_session(run), os.environ)
+            return panes is None or all(dead for dead, _pid in panes)
+        return self.pid is None or not detach.pid_alive(self.pid)
+
+    def stop(self, run: str) -> None:
+        if self.how == "tmux" and self.tmux is not None:
+            detach.kill_tmux_session(self.tmux, detach.tmux_session(run), os.environ)
+        elif self.pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+def start_runner(spec: RunSpec, how: str, tmux: Optional[str], run_py: str, previous: Optional[str]) -> Detached:
+    """Detach the runner with the interpreter that runs this module (the runtime venv's, in the role)."""
+    argv = [sys.executable, run_py, spec.run_dir]
+    env = dict(os.environ, RGT_DETACH=how)
+    since = time.time()
+    if how == "tmux" and tmux is not None:
+        session = detach.tmux_session(spec.run)
+        detach.start_tmux(tmux, session, argv, env, spec.run_dir)
+        panes = detach.tmux_panes(tmux, session, os.environ)  # the pane's process is the runner (env execs it)
+        return Detached(how, tmux, panes[0][1] if panes else None, since, previous)
+    pid = detach.start_setsid(argv, env, spec.run_dir, runner_log(spec.run_dir))
+    return Detached(how, None, pid, since, previous)
+
+
+def _registered_since(spec: RunSpec, started: Detached) -> Optional[OnDisk]:
+    """The run's state once run.json is the new runner's (its pid; or, unknown, written since the start), else None."""
+    disk = OnDisk(spec.data_dir, spec.run)
+    run = disk.registered
+    if run is None:
+        return None
+    if started.pid is not None:
+        return disk if started.pid in run.pids else None
+    fresh = disk.record.get("started_at") != started.previous and (run.started_at or 0.0) >= started.since - 0.5
+    return disk if fresh else None
+
+
+def wait_registered(spec: RunSpec, started: Detached, timeout_s: float, secrets: Mapping[str, str]) -> OnDisk:
+    """Until the new runner's run.json names a live pid (or it already finished); LaunchError when it died first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        disk = _registered_since(spec, started)
+        if disk is not None:
+            return disk
+        gone = started.gone(spec.run)
+        if gone or time.monotonic() >= deadline:
+            disk = _registered_since(spec, started)  # it may have registered and ended between two looks
+            if disk is not None:
+                return disk
+            tail = _log_tail(runner_log(spec.run_dir), secrets)
+            if gone:
+                raise LaunchError(f"the runner of {spec.run} ended before it registered in run.json{tail}")
+            started.stop(spec.run)
+            raise LaunchError(f"the runner of {spec.run} did not register within {timeout_s:g} s (stopped it){tail}")
+        time.sleep(POLL_S)
+
+
+def _detach_kind(requested: str) -> Tuple[str, Optional[str]]:
+    tmux = shutil.which("tmux")
+    if requested == "tmux" and tmux is None:
+        raise LaunchError("detach is tmux but tmux is not installed on this box; use detach: auto or setsid")
+    return ("tmux", tmux) if requested in ("auto", "tmux") and tmux else ("setsid", None)
+
+
+def _without_launch_id(document: Mapping[str, Any]) -> Dict[str, Any]:
+    return {key: value for key, value in document.items() if key != "launch_id"}
+
+
+def _existing(spec: RunSpec, disk: OnDisk, warn: Callable[[str], None]) -> Optional[Dict[str, Any]]:
+    """The result for a run that is alive or done (nothing to start), else None."""
+    if not (disk.live or disk.done):
+        return None
+    result = dict(facts(spec, spec.data_dir, spec.run, disk), launch_id=recorded_launch_id(disk.record), archived=[])
+    on_disk = read_json_quietly(spec_json(spec.run_dir))
+    ours = json.loads(json.dumps(spec.to_json()))
+    if on_disk is not None and _without_launch_id(on_disk) != _without_launch_id(ours):
+        warn(f"run {spec.run} on the box has another spec than this launch; give a changed sweep a new run name")
+    if not disk.done:
+        return dict(result, changed=False, msg=f"run {spec.run} already running (pgid {result['pgid']})")
+    return dict(result, changed=False, msg=f"run {spec.run} is done: every cell succeeded and verified")
+
+
+def _refuse_others(spec: RunSpec, allow_concurrent: bool, warn: Callable[[str], None]) -> None:
+    runs, problems = read_run_registry(spec.data_dir)
+    for problem in problems:
+        warn(f"run registry: {problem}")
+    others = [r for r in runs if r.name != spec.run and detach.is_live(r)]
+    if others and not allow_concurrent:
+        names = ", ".join(f"{r.name} (pgid {r.pgid})" for r in others)
+        raise LaunchError(f"run {names} is running on this box; set allow_concurrent to start {spec.run} beside it")
+
+
+def _leftovers(spec: RunSpec, warn: Callable[[str], None]) -> float:
+    """Seconds the new runner may need first: cells of a dead runner that still run are stopped before it registers."""
+    left = detach.run_members(Run(spec.run, spec.run_dir), [f"{RUN_MARKER}={spec.run_dir}"])
+    if not left:
+        return 0.0
+    warn(f"{len(left)} process(es) of run {spec.run}'s dead runner still run; the new runner stops them first")
+    return spec.stop_grace_s + STOP_SETTLE_S
+
+
+def _archived_text(attempt: Attempt, check_mode: bool) -> str:
+    if not attempt.archives:
+        return ""
+    moves = ", ".join(f"{item.source} -> {item.destination}" for item in attempt.archives)
+    return f"; {'would archive' if check_mode else 'archived'} the earlier attempt: {moves}"
+
+
+@dataclass(frozen=True)
+class _Decision:
+    """What the start decided under the lock: a result when nothing is to start (or check mode), else the plan."""
+
+    spec: RunSpec
+    disk: OnDisk
+    attempt: Attempt
+    skipped: List[str]
+    extra_s: float
+    result: Optional[Dict[str, Any]] = None
+
+
+def _decide(
+    spec: RunSpec, params: Mapping[str, Any], how: str, check_mode: bool, warn: Callable[[str], None]
+) -> _Decision:
+    disk = OnDisk(spec.data_dir, spec.run)
+    if disk.problem:
+        warn(disk.problem)
+    # A box holding the run's run.json resumes the launch recorded there, whatever id this call brings.
+    has_scratch = os.path.lexists(run_json(spec.data_dir, spec.run))
+    box_id = recorded_launch_id(disk.record) if has_scratch else None
+    spec = replace(spec, launch_id=box_id or spec.launch_id or new_launch_id())
+    launch_id = str(spec.launch_id)
+    existing = _existing(spec, disk, warn)
+    if existing is not None:
+        return _Decision(spec, disk, Attempt(launch_id), [], 0.0, existing)
+    _refuse_others(spec, bool(params.get("allow_concurrent")), warn)
+    try:
+        new_attempt = bool(params.get("new_attempt"))
+        attempt = plan(
+            spec.run,
+            spec.data_dir,
+            spec.durable_dir,
+            launch_id=launch_id,
+            has_scratch=has_scratch,
+            new_attempt=new_attempt,
+        )
+    except AttemptRefused as exc:
+        raise LaunchError(str(exc), {"launch_id": launch_id, "archived": []}) from exc
+    skipped = done_cells(spec)
+    extra_s = _leftovers(spec, warn)
+    if not check_mode:
+        return _Decision(spec, disk, attempt, skipped, extra_s)
+    todo = len(spec.cells) - len(skipped)
+    msg = f"would {'resume' if skipped else 'start'} run {spec.run} ({how}): {todo} cell(s) to run"
+    msg += f", skipped (already done): {', '.join(skipped)}" if skipped else ""
+    result = dict(facts(spec, spec.data_dir, spec.run, disk), state="running", detach=how, attach=None)
+    result.update(launch_id=launch_id, archived=[item.as_fact() for item in attempt.archives])
+    result.update(changed=True, resumed=bool(skipped), skipped_cells=skipped, msg=msg + _archived_text(attempt, True))
+    return _Decision(spec, disk, attempt, skipped, extra_s, result)
+
+
+def started(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], None]) -> Dict[str, Any]:
+    gpus = params.get("gpus")
+    spec, secrets = build_spec(params, list(gpus) if gpus is not None else detect_gpus())
+    _probe_data_dir(spec.data_dir)
+    if spec.env_hook and not os.access(spec.env_hook, os.R_OK):
+        raise LaunchError(f"env_hook {spec.env_hook} is not a readable file")
+    if not os.path.isdir(spec.workdir):
+        if not check_mode:
+            raise LaunchError(f"workdir {spec.workdir} is not a directory (bring the code first)")
+        warn(f"workdir {spec.workdir} is not a directory yet")
+    how, tmux = _detach_kind(params.get("detach") or "auto")
+    start_timeout_s = params["start_timeout_s"]
+    # Another launch holds the lock while its runner registers, which may wait for a dead runner's cells to stop.
+    lock = launch_lock(spec.data_dir, start_timeout_s + spec.stop_grace_s + STOP_SETTLE_S + LOCK_MARGIN_S)
+    try:
+        with contextlib.nullcontext() if check_mode else lock:
+            decision = _decide(spec, params, how, check_mode, warn)
+            if decision.result is not None:
+                return decision.result
+            spec, attempt = decision.spec, decision.attempt
+            archived = [item.as_fact() for item in attempt.archives]
+            try:
+                if how == "tmux" and tmux is not None:
+                    _tmux_ready(tmux, spec.run)
+                archive(attempt)
+                try:
+                    run_py = write_run_files(spec, secrets)
+                except OSError as exc:
+                    raise LaunchError(f"could not write the run's files under {spec.run_dir}: {exc}") from exc
+                runner = start_runner(spec, how, tmux, run_py, decision.disk.record.get("started_at"))
+                disk = wait_registered(spec, runner, start_timeout_s + decision.extra_s, secrets)
+            except AttemptRefused as exc:
+                done = [item.as_fact() for item in exc.done]
+                raise LaunchError(str(exc), {"launch_id": spec.launch_id, "archived": done}) from exc
+            except LaunchError as exc:  # an archive (a rename) stays done: the failure says where the copy went
+                exc.facts.update(launch_id=spec.launch_id, archived=archived)
+                raise
+    except LaunchLockBusy as exc:
+        raise LaunchError(str(exc)) from exc
+    result = facts(spec, spec.data_dir, spec.run, disk)
+    result["skipped_cells"] = result["skipped_cells"] or decision.skipped
+    result.update(changed=True, resumed=bool(result["skipped_cells"]), launch_id=spec.launch_id, archived=archived)
+    where = f"{result['detach']}, pgid {result['pgid']}"
+    msg = f"run {spec.run} {'resumed' if result['resumed'] else 'started'} ({where}): {len(spec.cells)} cell(s)"
+    if result["skipped_cells"]:
+        msg += f", skipped (already done): {', '.join(result['skipped_cells'])}"
+    if not disk.live:
+        msg += f"; its runner already ended ({result['state']})"
+    return dict(result, msg=msg + _archived_text(attempt, False))
+
+
+def stopped(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], None]) -> Dict[str, Any]:
+    run, data_dir = params["run"], params["data_dir"]
+    if not os.path.isabs(data_dir):
+        raise ValueError(f"data_dir must be an absolute path, not {data_dir!r}")
+    run_dir(data_dir, run)  # ValueError for a bad name
+    _probe_data_dir(data_dir)
+    disk = OnDisk(data_dir, run)
+    if disk.problem:
+        warn(disk.problem)
+    try:
+        spec: Optional[RunSpec] = load_spec(disk.run_dir)
+    except (OSError, ValueError):
+        spec = None
+    launch = {"launch_id": recorded_launch_id(disk.record), "archived": []}
+    result = dict(facts(spec, data_dir, run, disk), **launch)
+    markers = [f"{RUN_MARKER}={disk.run_dir}"]
+    # A dead runner's ids may name other processes by now: only the run's marker finds what it left running.
+    target = disk.registered if disk.live and disk.registered is not None else Run(run, disk.run_dir)
+    leftovers = [] if disk.live else detach.run_members(target, markers)
+    if not disk.live and not leftovers:
+        return dict(result, changed=False, msg=f"run {run} is not running ({disk.state})")
+    grace = params["stop_grace_s"]
+    what = f"run {run} (pgid {result['pgid']})" if disk.live else f"{len(leftovers)} process(es) left by run {run}"
+    if check_mode:
+        return dict(result, changed=True, msg=f"would stop {what}, SIGKILL after {grace:g} s")
+    outcome = detach.stop_run(target, grace, markers, STOP_SETTLE_S)
+    after = OnDisk(data_dir, run)
+    result = dict(facts(spec, data_dir, run, after), **launch, detach=result["detach"], changed=True)
+    if outcome.left:
+        pids = ", ".join(str(pid) for pid in outcome.left[:10])
+        raise LaunchError(f"run {run}: {len(outcome.left)} process(es) survived SIGKILL: {pids}", result)
+    killed = f", {len(outcome.killed)} needed SIGKILL" if outcome.killed else ""
+    return dict(result, state=after.state, msg=f"stopped {what}: {outcome.found} process(es){killed}")
+
+
+def training_run(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], None]) -> Dict[str, Any]:
+    """The module's work; ValueError (a bad option) and LaunchError carry the one-line failure message."""
+    if params.get("state") == "stopped":
+        return stopped(params, check_mode, warn)
+    return started(params, check_mode, warn)

@@ -1,0 +1,370 @@
+# Copyright (c) remote_gpu.trainer contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Secure a succeeded cell's results: prune, copy to durable_dir, re-read and compare, then the manifest.
+
+The seed's silent-sync lesson: its ``cp ... && echo synced`` claimed success on a full durable disk. Here a file
+counts as synced only after its copy was written through a temporary file, fsynced, renamed, read back from the
+durable directory (with the page cache dropped where the kernel allows) and found equal in size and sha256 to
+the source; only then does its line go into ``MANIFEST.sha256``. Anything else is ``sync: failed`` with the
+reason. The scratch copy is never deleted (prune removes only what the run's patterns name, inside the cell's
+checkpoint directory).
+
+A durable run directory belongs to one launch: ``.launch.json`` names it, written by the first sync of that launch
+and checked before every copy, so a manifest never mixes two launches of one run name (a relaunch after teardown,
+another box's launch into a shared durable_dir). Pure standard library (Python 3.8+).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import glob
+import hashlib
+import json
+import os
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.box._disk import probe_usage
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import (
+    LAUNCH_RECORD,
+    MANIFEST_LOCK,
+    MANIFEST_NAME,
+    durable_run_dir,
+    write_json_atomic,
+)
+
+CHUNK_BYTES = 4 * 1024 * 1024
+# The durable directory is often a network mount: it must answer a statvfs within this before any copy starts.
+PROBE_TIMEOUT_S = 20.0
+# Hidden, as the lock is: teardown's gate counts only the visible files of a durable copy as results.
+MAX_LAUNCH_RECORD_BYTES = 64 * 1024
+_MANIFEST_LOCK = threading.Lock()  # flock orders processes; this orders the runner's own threads too
+
+
+class SyncError(Exception):
+    """Why a cell's artifacts are not safely in durable_dir."""
+
+
+@dataclass(frozen=True)
+class SyncOutcome:
+    sync: str  # verified · failed · skipped (the contract's values)
+    artifacts: Tuple[Dict[str, object], ...] = ()
+    error: Optional[str] = None
+    pruned: Tuple[str, ...] = ()
+    prune_errors: Tuple[str, ...] = ()
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(int(str(artifact["size"])) for artifact in self.artifacts)
+
+    def log_lines(self) -> List[str]:
+        """What the cell's log says about it: a failed sync is loud there too, not only in result.json."""
+        lines = list(self.prune_errors) + ([f"pruned {', '.join(self.pruned)}"] if self.pruned else [])
+        if self.sync == "verified":
+            lines.append(f"sync verified: {len(self.artifacts)} files, {self.total_bytes} bytes")
+        elif self.sync == "failed":
+            lines.append(f"SYNC FAILED: {self.error} (the scratch copy is kept)")
+        return lines
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _matches(base: str, pattern: str) -> List[str]:
+    return sorted(glob.glob(os.path.join(glob.escape(base), pattern), recursive=True))
+
+
+def prune(base: str, patterns: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """Delete the files matching ``patterns`` under ``base``: (relative paths deleted, problems).
+
+    Only regular files and symbolic links (the link itself), only where the real directory holding them is inside
+    ``base``: a pattern can never reach out of the cell's directory, and never removes a directory.
+    """
+    real_base = os.path.realpath(base)
+    deleted: List[str] = []
+    problems: List[str] = []
+    for pattern in patterns:
+        for match in _matches(base, pattern):
+            try:
+                mode = os.lstat(match).st_mode
+            except OSError:
+                continue
+            if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                continue
+            if not _inside(os.path.realpath(os.path.dirname(match)), real_base):
+                problems.append(f"prune {pattern!r}: {os.path.relpath(match, base)} is outside {base}, kept")
+                continue
+            try:
+                os.unlink(match)
+                deleted.append(os.path.relpath(match, base))
+            except OSError as exc:
+                problems.append(f"prune {os.path.relpath(match, base)}: {exc.strerror or exc}")
+    return deleted, problems
+
+
+def collect(base: str, patterns: Sequence[str]) -> List[Tuple[str, str]]:
+    """(path relative to ``base``, real source path) of every file the artifact patterns name.
+
+    A directory match brings its files. A pattern matching no file, or a file whose real path leaves ``base``,
+    is a SyncError: a declared artifact that is not there must never read as synced.
+    """
+    if not os.path.isdir(base):
+        raise SyncError(f"{base} is not a directory")
+    real_base = os.path.realpath(base)
+    found: Dict[str, str] = {}
+    for pattern in patterns:
+        files: List[str] = []
+        for match in _matches(base, pattern):
+            if os.path.isdir(match):
+                for root, dirs, names in os.walk(match):
+                    dirs.sort()
+                    files.extend(os.path.join(root, name) for name in sorted(names))
+            elif os.path.isfile(match):
+                files.append(match)
+        files = [path for path in files if os.path.isfile(path)]
+        if not files:
+            raise SyncError(f"artifact {pattern!r} matched no file in {base}")
+        for path in files:
+            relative = os.path.relpath(path, base)
+            real = os.path.realpath(path)
+            if not _inside(real, real_base):
+                raise SyncError(f"artifact {relative} leads outside {base}")
+            if "\n" in relative or "\r" in relative:
+                raise SyncError(f"artifact {relative!r}: a line break in a file name cannot go into the manifest")
+            found.setdefault(relative, real)
+    return sorted(found.items())
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def hash_file(path: str, drop_cache: bool = False) -> Tuple[int, str]:
+    """(size, sha256) of the file as read now; ``drop_cache`` first asks the kernel to forget its cached pages,
+    so the read comes from the device rather than from the memory the copy was written from."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as handle:
+        if drop_cache and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        while True:
+            chunk = handle.read(CHUNK_BYTES)
+            if not chunk:
+                break
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def copy_verified(source: str, destination: str, stopped: Callable[[], bool]) -> Tuple[int, str]:
+    """Copy through a temporary file (fsync, rename, fsync the directory), then re-read the copy and compare."""
+    directory = os.path.dirname(destination)
+    temporary = os.path.join(directory, f".{os.path.basename(destination)}.rgt-{os.urandom(4).hex()}.tmp")
+    digest = hashlib.sha256()
+    size = 0
+    with open(source, "rb") as reader:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                while True:
+                    if stopped():
+                        raise SyncError("run stopped during sync")
+                    chunk = reader.read(CHUNK_BYTES)
+                    if not chunk:
+                        break
+                    digest.update(chunk)
+                    size += len(chunk)
+                    _write_all(fd, chunk)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if os.fstat(reader.fileno()).st_size != size:
+                raise SyncError(f"{source} changed while it was copied")
+            os.replace(temporary, destination)
+        except BaseException:
+            if os.path.lexists(temporary):
+                os.unlink(temporary)
+            raise
+    _fsync_directory(directory)
+    copy_size, copy_sha256 = hash_file(destination, drop_cache=True)
+    if (copy_size, copy_sha256) != (size, digest.hexdigest()):
+        raise SyncError(
+            f"the copy {destination} does not match its source: {copy_size} bytes, sha256 {copy_sha256[:12]}... "
+            f"read back, {size} bytes, sha256 {digest.hexdigest()[:12]}... written"
+        )
+    return size, digest.hexdigest()
+
+
+def _manifest_lines(path: str) -> List[str]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return [line.rstrip("\n") for line in handle if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def durable_owner(durable_run: str) -> Dict[str, Any]:
+    """Which launch a durable run directory belongs to: ``exists``, ``launch_id`` (None without a record),
+    ``problem`` (an unreadable record) and ``entries`` (how many names it holds beside the lock and the record)."""
+    if not os.path.isdir(durable_run):
+        return {"exists": os.path.lexists(durable_run), "launch_id": None, "problem": None, "entries": 0}
+    entries = [name for name in os.listdir(durable_run) if name not in (MANIFEST_LOCK, LAUNCH_RECORD)]
+    launch_id, problem = None, None
+    try:
+        with open(os.path.join(durable_run, LAUNCH_RECORD), "rb") as handle:
+            record = json.loads(handle.read(MAX_LAUNCH_RECORD_BYTES).decode("utf-8", errors="replace"))
+        launch_id = record.get("launch_id") if isinstance(record, dict) else None
+        if not isinstance(launch_id, str) or not launch_id:
+            launch_id, problem = None, "it names no launch_id"
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:
+        problem = str(exc)
+    return {"exists": True, "launch_id": launch_id, "problem": problem, "entries": len(entries)}
+
+
+def launch_conflict(durable_run: str, owner: Mapping[str, Any], launch_id: str, resuming: bool) -> Optional[str]:
+    """Why ``durable_run`` belongs to another launch than ``launch_id``, or None when this launch may write there.
+
+    Files with no record are an earlier launch's (from before launch ids, or a record removed by hand), unless
+    this box resumes the run: then they are this run's own, from before the collection recorded launches.
+    """
+    if owner.get("problem"):
+        return f"{durable_run} has an unreadable {LAUNCH_RECORD} ({owner['problem']})"
+    other = owner.get("launch_id")
+    if other is not None and other != launch_id:
+        return f"{durable_run} holds launch {other}"
+    if other is None and owner.get("entries") and not resuming:
+        return f"{durable_run} holds files of an earlier launch (no {LAUNCH_RECORD})"
+    return None
+
+
+def claim_durable(durable_run: str, run: str, launch_id: str) -> None:
+    """Make ``durable_run`` this launch's before anything is copied into it: record the launch where there is no
+    record, SyncError where another launch's record is there. Under the manifest's flock, as a sync's writes are."""
+    os.makedirs(durable_run, exist_ok=True)
+    with _MANIFEST_LOCK:
+        lock_fd = os.open(os.path.join(durable_run, MANIFEST_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            # A sync runs only in a launch that was let start: files without a record are this run's own.
+            conflict = launch_conflict(durable_run, durable_owner(durable_run), launch_id, resuming=True)
+            if conflict is not None:
+                raise SyncError(f"{conflict}, this run is launch {launch_id}: nothing copied")
+            record = os.path.join(durable_run, LAUNCH_RECORD)
+            if not os.path.exists(record):
+                claimed = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                write_json_atomic(record, {"run": run, "launch_id": launch_id, "claimed_at": claimed})
+        finally:
+            os.close(lock_fd)
+
+
+def update_manifest(durable_run: str, cell: str, artifacts: Sequence[Dict[str, object]]) -> None:
+    """Replace the cell's lines of ``MANIFEST.sha256`` (``<sha256>  <size>  cells/<cell>/<path>``), atomically,
+    under an exclusive flock so that cells finishing together never lose each other's lines."""
+    manifest = os.path.join(durable_run, MANIFEST_NAME)
+    prefix = f"cells/{cell}/"
+    with _MANIFEST_LOCK:
+        lock_fd = os.open(os.path.join(durable_run, MANIFEST_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            kept = [line for line in _manifest_lines(manifest) if not line.split("  ", 2)[-1].startswith(prefix)]
+            ours = [f"{a['sha256']}  {a['size']}  {prefix}{a['path']}" for a in artifacts]
+            lines = sorted(kept + ours, key=lambda line: line.split("  ", 2)[-1])
+            temporary = f"{manifest}.{os.urandom(4).hex()}.tmp"
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                try:
+                    _write_all(fd, "".join(line + "\n" for line in lines).encode("utf-8"))
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(temporary, manifest)
+            except BaseException:
+                if os.path.lexists(temporary):
+                    os.unlink(temporary)
+                raise
+            _fsync_directory(durable_run)
+            missing = set(ours) - set(_manifest_lines(manifest))
+            if missing:
+                raise SyncError(f"{manifest} does not hold the lines just written")
+        finally:
+            os.close(lock_fd)  # releases the flock
+
+
+def _check_durable(durable_dir: str, needed: int) -> None:
+    """durable_dir must exist (it is a mount: creating it would write onto the box's own disk) and answer."""
+    answer = probe_usage([durable_dir], PROBE_TIMEOUT_S)[durable_dir]
+    if answer.get("timed_out"):
+        raise SyncError(f"durable_dir {durable_dir} did not answer within {PROBE_TIMEOUT_S:g} s (a hung mount?)")
+    if answer.get("probe_error") or answer.get("error"):
+        raise SyncError(f"durable_dir {durable_dir}: {answer.get('probe_error') or answer.get('error')}")
+    free = answer.get("bytes_free")
+    if isinstance(free, int) and free < needed:
+        raise SyncError(f"durable_dir {durable_dir} has {free} bytes free, the artifacts need {needed}")
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, SyncError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if exc.filename else ""
+        name = errno.errorcode.get(exc.errno or 0, "")
+        return f"{exc.strerror or exc}{f' ({name})' if name else ''}{where}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def sync_cell(
+    base: str,
+    *,
+    prune_patterns: Sequence[str],
+    artifact_patterns: Sequence[str],
+    durable_dir: Optional[str],
+    run: str,
+    cell: str,
+    stopped: Callable[[], bool] = lambda: False,
+    launch_id: Optional[str] = None,
+) -> SyncOutcome:
+    """Prune, then copy and verify the artifacts of a succeeded cell; never raises.
+
+    With ``launch_id``, the durable run directory is claimed for that launch first (:func:`claim_durable`).
+    """
+    pruned, problems = prune(base, prune_patterns)
+    if not artifact_patterns:
+        return SyncOutcome("skipped", pruned=tuple(pruned), prune_errors=tuple(problems))
+    artifacts: List[Dict[str, object]] = []
+    try:
+        if durable_dir is None:
+            raise SyncError("artifacts are declared but the run has no durable_dir")
+        files = collect(base, artifact_patterns)
+        _check_durable(durable_dir, sum(os.path.getsize(source) for _rel, source in files))
+        durable_run = durable_run_dir(durable_dir, run)
+        if launch_id is not None:
+            claim_durable(durable_run, run, launch_id)
+        destination_root = os.path.join(durable_run, "cells", cell)
+        os.makedirs(destination_root, exist_ok=True)
+        for relative, source in files:
+            destination = os.path.join(destination_root, relative)
+            os.makedirs(os.path.dirname(destination), exist_ok=True)
+            size, sha256 = copy_verified(source, destination, stopped)
+            artifacts.append({"path": relative, "size": size, "sha256": sha256})
+        update_manifest(durable_run, cell, artifacts)
+    except Exception as exc:  # every failure is recorded as sync failed, never raised past the cell
+        return SyncOutcome("failed", (), _reason(exc), tuple(pruned), tuple(problems))
+    return SyncOutcome("verified", tuple(artifacts), None, tuple(pruned), tuple(problems))

@@ -1,0 +1,260 @@
+"""One box's teardown on the controller, step by step: the box modules' answers are scripted, the provider's CLI is
+the fake one (tests/workload/fake_provider.py) and the templates go through Ansible's own Templar."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import pytest
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.template import Templar
+
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_settings as options
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import StageError
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._teardown_flow import Teardown
+from ansible_collections.remote_gpu.trainer.tests.workload.harness import Provider
+
+SHA = "a" * 64
+STOP = {
+    "command": ["runpodctl", "pod", "stop", "pod-1"],
+    "status": {
+        "command": ["runpodctl", "pod", "list", "--all", "--output", "json"],
+        "list": "",
+        "id": "pod-1",
+        "state_key": "desiredStatus",
+    },
+    "final_states": ["EXITED"],
+    "survives": ["data_dir", "durable_dir"],
+    "irreversible": False,
+}
+DELETE = dict(STOP, command=["runpodctl", "pod", "delete", "pod-1"], final_states=["TERMINATED"])
+DELETE.update(survives=["durable_dir"], irreversible=True)
+SHUTDOWN = {
+    "manual_steps": ["Console -> the instance -> Shut down"],
+    "survives": ["data_dir", "durable_dir"],
+    "irreversible": False,
+}
+
+
+def gate(
+    passed: bool = True, *, step: Optional[str] = None, state: str = "finished", reason: str = ""
+) -> Dict[str, Any]:
+    run = {
+        "run": {"name": "r1", "state": state},
+        "cells": [{"name": "a", "done": True}],
+        "durable": {"dir": "/durable/runs/r1", "exists": True, "files": 1, "bytes": 4},
+        "artifacts": [{"path": "cells/a/my best.pth", "size": 4, "sha256": SHA, "cell": "a"}],
+        "passed": passed,
+    }
+    return {"passed": passed, "step": step, "reason": reason, "runs": [run], "instance": {"other_runs": []}}
+
+
+class FakeTask:
+    check_mode = False
+
+
+class FakeAction:
+    """What Teardown needs of its action plugin: module calls (scripted answers, recorded with their check mode)."""
+
+    def __init__(self, answers: Dict[str, List[Any]], check_mode: bool = False) -> None:
+        self.answers = answers
+        self.calls: List[Dict[str, Any]] = []
+        self._task = FakeTask()
+        self._task.check_mode = check_mode
+        self._templar = Templar(loader=None, variables={})
+        self._connection = None
+
+    def box_module(self, name: str, args: Dict[str, Any], task_vars: Dict[str, Any]) -> Dict[str, Any]:
+        self.calls.append({"module": name, "args": args, "check_mode": self._task.check_mode})
+        answer = self.answers[name].pop(0)
+        return answer(args) if callable(answer) else answer
+
+    @contextlib.contextmanager
+    def check_mode(self, preview: bool) -> Iterator[None]:
+        saved = self._task.check_mode
+        self._task.check_mode = bool(saved or preview)
+        try:
+            yield
+        finally:
+            self._task.check_mode = saved
+
+    def modules(self) -> List[str]:
+        return [call["module"] for call in self.calls]
+
+
+def settings(**args: Any) -> options.Settings:
+    given = {"runs": "r1", "data_dir": "/data", "durable_dir": "/durable", "instance_id": "pod-1"}
+    given.update(meter_stop_verb="stop", meter_stop_verbs={"stop": STOP}, meter_stop_poll_interval_s=0.1)
+    given.update(args)
+    validated = ArgumentSpecValidator(options.ARGUMENT_SPEC).validate(given)
+    assert not validated.error_messages
+    found, problems = options.settings_of(validated.validated_parameters, {})
+    assert not problems, problems
+    return found
+
+
+def scratch_answer(args: Dict[str, Any]) -> Dict[str, Any]:
+    return {"changed": True, "removed": [{"run": "r1", "path": "/data/runs/r1", "files": 3, "bytes": 10}]}
+
+
+def teardown(action: FakeAction, task_vars: Optional[Dict[str, Any]] = None, **args: Any) -> Teardown:
+    return Teardown(action, settings(**args), task_vars or {}, "b1")
+
+
+def run(flow: Teardown, warnings: Optional[List[str]] = None) -> Any:
+    sink: Callable[[str], None] = warnings.append if warnings is not None else lambda text: None
+    return flow.run(sink)
+
+
+@pytest.fixture
+def pod(provider: Provider) -> Provider:
+    provider.add("pod-1")
+    return provider
+
+
+def test_unconfirmed_runs_the_gate_and_only_previews_the_actions(pod: Provider) -> None:
+    action = FakeAction({"teardown_gate": [gate()], "run_scratch": [{"changed": True, "would_remove": []}]})
+    flow = teardown(action)
+    assert run(flow) == ("UNCONFIRMED", "confirm", "not confirmed: set confirm_teardown=b1 (or all)")
+    assert [(c["module"], c["check_mode"]) for c in action.calls] == [("teardown_gate", False), ("run_scratch", True)]
+    assert pod.calls() == []  # not even a status poll
+    assert flow.record["meter_stop"]["would_run"] == ["runpodctl", "pod", "stop", "pod-1"]
+
+
+def test_confirmed_removes_the_scratch_with_the_gates_digests_then_stops_the_pod_once(pod: Provider) -> None:
+    action = FakeAction({"teardown_gate": [gate()], "run_scratch": [scratch_answer]})
+    flow = teardown(action, confirm="b1")
+    assert run(flow) == ("TORN_DOWN", None, "")
+    scratch = action.calls[1]
+    assert scratch["check_mode"] is False and scratch["args"]["runs"] == ["r1"]
+    assert scratch["args"]["expected"] == {"r1": [{"path": "cells/a/my best.pth", "size": 4, "sha256": SHA}]}
+    assert [call[:3] for call in pod.calls()].count(["runpodctl", "pod", "stop"]) == 1
+    assert pod.instances()["pod-1"]["status"] == "exited" and flow.record["changed"] is True
+
+
+def test_a_gate_refusal_stops_the_box_before_anything_is_removed_or_called(pod: Provider) -> None:
+    action = FakeAction({"teardown_gate": [gate(False, step="other_runs", reason="run r2: running")]})
+    with pytest.raises(StageError) as stopped:
+        run(teardown(action, confirm="all"))
+    assert (stopped.value.step, stopped.value.reason) == ("other_runs", "run r2: running")
+    assert action.modules() == ["teardown_gate"] and pod.calls() == []
+
+
+def test_the_gate_judges_the_instance_when_the_meter_stops_and_not_otherwise() -> None:
+    assert teardown(FakeAction({})).gate_args()["instance"] is True
+    assert teardown(FakeAction({}), stop_meter=False).gate_args()["instance"] is False
+    assert teardown(FakeAction({}), meter_stop_verb="none").gate_args()["instance"] is False
+
+
+def test_stop_running_without_confirmation_signals_nothing() -> None:
+    action = FakeAction({"teardown_gate": [gate(False, step="run_alive", state="running", reason="run r1 is alive")]})
+    with pytest.raises(StageError) as stopped:
+        run(teardown(action, stop_running=True))
+    assert stopped.value.step == "stop_running" and "confirm_teardown=b1" in stopped.value.reason
+    assert action.modules() == ["teardown_gate"]
+
+
+def test_stop_running_in_check_mode_signals_nothing() -> None:
+    action = FakeAction({"teardown_gate": [gate(False, step="run_alive", state="running")]}, check_mode=True)
+    with pytest.raises(StageError, match="check mode stops nothing"):
+        run(teardown(action, stop_running=True, confirm="all"))
+    assert action.modules() == ["teardown_gate"]
+
+
+def test_stop_running_confirmed_stops_the_live_run_then_judges_again(pod: Provider) -> None:
+    action = FakeAction(
+        {
+            "teardown_gate": [gate(False, step="run_alive", state="running"), gate()],
+            "training_run": [{"changed": True, "state": "stopped"}],
+            "run_scratch": [scratch_answer],
+        }
+    )
+    flow = teardown(action, stop_running=True, confirm="b1")
+    assert run(flow)[0] == "TORN_DOWN"
+    assert action.modules() == ["teardown_gate", "training_run", "teardown_gate", "run_scratch"]
+    assert action.calls[1]["args"]["state"] == "stopped" and action.calls[1]["args"]["run"] == "r1"
+
+
+def test_a_manual_verb_is_stop_by_hand_not_torn_down(pod: Provider) -> None:
+    action = FakeAction({"teardown_gate": [gate()], "run_scratch": [scratch_answer]})
+    flow = teardown(action, confirm="b1", meter_stop_verb="shutdown", meter_stop_verbs={"shutdown": SHUTDOWN})
+    status, step, _reason = run(flow)
+    assert (status, step) == ("STOP_BY_HAND", "meter_stop")
+    assert flow.record["meter_stop"]["steps"] == SHUTDOWN["manual_steps"] and pod.calls() == []
+
+
+def test_a_failing_status_cli_fails_loudly_never_gone(pod: Provider, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_PROVIDER_STATUS_FAULT", "traceback")
+    action = FakeAction({"teardown_gate": [gate()], "run_scratch": [scratch_answer]})
+    flow = teardown(action, confirm="b1", meter_stop_timeout_s=0.3)
+    with pytest.raises(StageError) as stopped:
+        run(flow)
+    assert stopped.value.step == "meter_stop"
+    assert flow.record["meter_stop"]["state"] == "failed" and flow.record["meter_stop"]["gone"] is False
+    # The verb ran, but nothing the provider said proves the pod stopped: failed, never "gone".
+    assert [call[:3] for call in pod.calls()].count(["runpodctl", "pod", "stop"]) == 1
+
+
+def test_a_scratch_that_fails_its_durable_recheck_stops_before_the_meter(pod: Provider) -> None:
+    changed = {"failed": True, "msg": "run_scratch stopped: the durable copy changed since the gate (run r1, cell a)"}
+    action = FakeAction({"teardown_gate": [gate()], "run_scratch": [changed]})
+    with pytest.raises(StageError) as stopped:
+        run(teardown(action, confirm="b1"))
+    assert stopped.value.step == "scratch" and "changed since the gate" in stopped.value.reason
+    assert pod.calls() == []
+
+
+def test_survival_is_read_from_the_verb_that_runs() -> None:
+    # delete's declaration keeps only durable_dir: fine; a verb that keeps nothing refuses the box.
+    wiped = dict(DELETE, survives=[])
+    action = FakeAction({"teardown_gate": [gate()]})
+    with pytest.raises(StageError) as stopped:
+        run(teardown(action, confirm="b1", meter_stop_verb="delete", meter_stop_verbs={"delete": wiped}))
+    assert stopped.value.step == "survival" and "does not survive delete" in stopped.value.reason
+
+
+def test_an_irreversible_verb_is_warned_about_before_the_scratch_goes(pod: Provider) -> None:
+    warnings: List[str] = []
+    order: List[str] = []
+
+    def scratch(args: Dict[str, Any]) -> Dict[str, Any]:
+        order.append(f"scratch after {len(warnings)} warning(s)")
+        return scratch_answer(args)
+
+    action = FakeAction({"teardown_gate": [gate()], "run_scratch": [scratch]})
+    flow = teardown(action, confirm="b1", meter_stop_verb="delete", meter_stop_verbs={"delete": DELETE})
+    assert run(flow, warnings)[0] == "TORN_DOWN"
+    assert order == ["scratch after 1 warning(s)"] and "IRREVERSIBLE" in warnings[0]
+    assert action.calls[0]["args"]["irreversible"] is True  # the gate checks the filesystems for it
+
+
+def test_a_load_verify_string_renders_each_artifact_as_one_argument() -> None:
+    command = "python3 -c 'import sys; open(sys.argv[1], \"rb\").read()' {{ artifact }}"
+    action = FakeAction(
+        {"teardown_gate": [gate()], "load_verify": [lambda args: {"passed": True, "checks": [{"rc": 0}]}]}
+    )
+    flow = teardown(action, {"teardown_load_verify_cmd": command}, meter_stop_verb="none")
+    flow.run_gate()
+    flow.load_verify()
+    checks = action.calls[1]["args"]["checks"]
+    assert checks == [
+        {
+            "artifact": "r1/cells/a/my best.pth",
+            "argv": [
+                "python3",
+                "-c",
+                'import sys; open(sys.argv[1], "rb").read()',
+                "/durable/runs/r1/cells/a/my best.pth",
+            ],
+        }
+    ]
+    assert flow.record["load_verify"] == {"on": "box", "ran": True, "checks": 1, "failed": []}
+
+
+def test_load_verify_patterns_that_match_nothing_refuse_the_box() -> None:
+    action = FakeAction({"teardown_gate": [gate()]})
+    flow = teardown(action, {"teardown_load_verify_cmd": ["true"]}, load_verify_artifacts=["*.safetensors"])
+    flow.run_gate()
+    with pytest.raises(StageError, match="match none of the 1 artifacts"):
+        flow.load_verify()
