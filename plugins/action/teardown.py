@@ -15,6 +15,7 @@ from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import (
     BoxUnreachable,
     StageAction,
     StageError,
+    misspelt_short_names,
     unknown_variables,
 )
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._teardown_flow import Teardown
@@ -28,6 +29,7 @@ class ActionModule(StageAction):
     def stage(self, args: Dict[str, Any], task_vars: Dict[str, Any]) -> Dict[str, Any]:
         host = str(task_vars.get("inventory_hostname") or self._play_context.remote_addr)
         problems = unknown_variables(task_vars, "teardown_", options.KNOWN_VARIABLES)
+        problems += misspelt_short_names(task_vars, options.SHORT_NAMES)
         settings, more = options.settings_of(args, task_vars)
         problems += more
         if settings is None or problems:

@@ -19,7 +19,7 @@ description:
   - B(instance_id.) With O(instance_id), each variable of O(instance_id_env) is read from the module's
     environment, then from C(/proc/1/environ) (containers keep the platform's variables in PID 1's environment).
     A value that is neither O(instance_id) nor C(C.) followed by it (Vast.ai's label) refuses. When the box tells
-    no id, the gate passes with RV(instance.id_checked) false and a note.
+    no id, the gate passes with RV(instance) C(id_checked) false and a note.
   - B(run_alive.) The run is found, its runner is not alive (the PID-reuse guard of C(training_run)) and no process
     carrying the run's C(RGT_RUN_DIR) in its environment is left (a worker that called C(setsid) still counts).
   - B(cells.) Every cell of C(run.json) is done (C(succeeded), with its sync C(verified), or C(skipped) where the

@@ -57,6 +57,18 @@ def unknown_variables(variables: Iterable[str], prefix: str, known: Iterable[str
     ]
 
 
+def misspelt_short_names(variables: Iterable[str], short_names: Iterable[str]) -> List[str]:
+    """A variable one or two letters off a stage's command-line name (``pul_to``, ``confirm_teardwon``): the option
+    the user meant would otherwise be silently unset."""
+    short = set(short_names)
+    problems = []
+    for name in sorted(variables):
+        match = difflib.get_close_matches(name, sorted(short), n=1, cutoff=0.85) if name not in short else []
+        if match:
+            problems.append(f"{name} is not a variable of this stage (did you mean {match[0]}?)")
+    return problems
+
+
 class StageAction(ActionBase):
     """Base of ``remote_gpu.trainer.<stage>``: validation, module calls, no tracebacks."""
 

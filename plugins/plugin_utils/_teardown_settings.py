@@ -68,6 +68,8 @@ BOUNDS = {
     "meter_stop_poll_interval_s": (0.1, 3600),
     "lock_wait_s": (0, 86400),
 }
+# The command line's short names (role defaults read them).
+SHORT_NAMES = ("confirm_teardown", "pull_to", "stop_running", "abandon_runs", "accept_incomplete_cells")
 KNOWN_VARIABLES = (
     *tuple(f"teardown_{name}" for name in ARGUMENT_SPEC if name != "runs"),
     "teardown_run",

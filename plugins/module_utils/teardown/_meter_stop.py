@@ -213,7 +213,8 @@ def poll_status(plan: Plan, runner: Runner) -> Poll:
     """Run the status command once. Only an exit 0 with JSON is read: a final state, a state, or (listed mode) the
     instance's absence from the list, which is gone. Anything else is unknown, with the scrubbed reason."""
     status = plan.verb.status
-    assert status is not None  # plan_for refuses a verb without a command, and parse_verb one without a status
+    if status is None:  # plan_for refuses a verb without a command, and parse_verb one without a status
+        raise ValueError(f"meter_stop_verbs.{plan.verb.name} has no status command")
     keep = (status.instance_id,)
     rc, stdout, stderr = runner(list(status.command), plan.command_timeout_s)
     if rc != 0:
@@ -306,7 +307,8 @@ def meter_stop(
 ) -> Tuple[bool, Dict[str, Any]]:
     """Stop the meter per ``plan``: (changed, result). Raises MeterStopError (with the result) when it did not stop."""
     verb, status = plan.verb, plan.verb.status
-    assert verb.command is not None and status is not None  # plan_for made sure
+    if verb.command is None or status is None:  # plan_for made sure
+        raise ValueError(f"meter_stop_verbs.{verb.name} has no command and status to run")
     progress = Progress(verb=verb.name, command=list(verb.command))
     if check_mode:
         first = f" after checking {shown(verb.cli_check.command)}" if verb.cli_check else ""

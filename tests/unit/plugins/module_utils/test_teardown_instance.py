@@ -117,7 +117,7 @@ def test_no_runs_named_judges_every_run_on_the_box(box):
     assert result["instance"]["other_runs"] == []
     os.truncate(box / "durable" / "runs" / "r2" / "cells" / "a" / "best.pth", 10)
     broken = gate(box, runs=[])
-    assert (broken["step"], broken["reason"].split(":")[0]) == ("durable", "run r2")
+    assert (broken["step"], broken["reason"].split(":", maxsplit=1)[0]) == ("durable", "run r2")
 
 
 def test_a_process_of_a_run_whose_directory_is_gone_still_refuses(box):

@@ -8,7 +8,7 @@ import pytest
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_settings as options
-from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import unknown_variables
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import misspelt_short_names, unknown_variables
 
 RUNPOD_VERBS = {
     "stop": {
@@ -46,7 +46,7 @@ def test_good_settings_pass_and_name_the_runs() -> None:
 
 
 def test_all_means_every_run_on_the_box() -> None:
-    settings, _ = options.settings_of(validated(runs="all"), {})
+    settings, _problems = options.settings_of(validated(runs="all"), {})
     assert settings is not None and settings.runs == ()
 
 
@@ -79,9 +79,9 @@ def test_an_unknown_verb_is_refused_before_the_box_is_touched() -> None:
 
 def test_a_meter_stop_judges_the_whole_instance_unless_stop_meter_is_false() -> None:
     args = {"meter_stop_verb": "stop", "meter_stop_verbs": RUNPOD_VERBS, "instance_id": "pod-1"}
-    settings, _ = options.settings_of(validated(**args), {})
+    settings, _problems = options.settings_of(validated(**args), {})
     assert settings is not None and settings.instance is True
-    settings, _ = options.settings_of(validated(stop_meter=False, **args), {})
+    settings, _problems = options.settings_of(validated(stop_meter=False, **args), {})
     assert settings is not None and settings.instance is False and settings.verb is None
 
 
@@ -89,7 +89,7 @@ def test_a_load_verify_command_given_as_one_string_is_split_not_ignored() -> Non
     # Item 10: a string used to be treated as unset, and the gate passed with "no load-verify command".
     command, problem = options.load_command("python3 -c 'import sys; open(sys.argv[1])' {{ artifact }}")
     assert problem == "" and command == ["python3", "-c", "import sys; open(sys.argv[1])", "{{ artifact }}"]
-    command, _ = options.load_command("python3 -c 'print(1)' {{ artifact | quote }}  {{ [1, 2] }}")
+    command, _problem = options.load_command("python3 -c 'print(1)' {{ artifact | quote }}  {{ [1, 2] }}")
     assert command == ["python3", "-c", "print(1)", "{{ artifact | quote }}", "{{ [1, 2] }}"]
     # Rendered, a path with a space stays one argument, a list is spliced in, scalars become strings.
     assert options.argv_of(["python3", "/d/my run/best.pth", [1, True]]) == [
@@ -133,3 +133,11 @@ def test_confirmation_names_hosts_and_true_approves_nothing() -> None:
 def test_a_typo_in_a_teardown_variable_is_named_with_the_closest_valid_one() -> None:
     found = unknown_variables(["teardown_pul_to", "teardown_run", "other"], "teardown_", options.KNOWN_VARIABLES)
     assert found == ["teardown_pul_to is not a variable of this stage (did you mean teardown_pull_to?)"]
+
+
+def test_a_typo_in_a_command_line_name_is_named_too() -> None:
+    variables = ["pul_to", "confirm_teardwon", "pull_to", "data_dir", "inventory_hostname", "stop_running"]
+    assert misspelt_short_names(variables, options.SHORT_NAMES) == [
+        "confirm_teardwon is not a variable of this stage (did you mean confirm_teardown?)",
+        "pul_to is not a variable of this stage (did you mean pull_to?)",
+    ]
