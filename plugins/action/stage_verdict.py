@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
@@ -12,7 +12,17 @@ from ansible.plugins.action import ActionBase
 SPEC = {
     "result": {"type": "raw", "required": True},
     "failing": {"type": "list", "elements": "str", "default": ["UNCONFIRMED", "STOP_BY_HAND", "REFUSED", "FAILED"]},
+    "fleet_var": {"type": "str"},
 }
+
+
+def _fleet_failing(task_vars: Dict[str, Any], fleet_var: str, failing: List[str]) -> bool:
+    hostvars = task_vars.get("hostvars") or {}
+    for host in task_vars.get("ansible_play_hosts_all") or []:
+        record = (hostvars.get(host) or {}).get(fleet_var)
+        if isinstance(record, Mapping) and record.get("status") in failing:
+            return True
+    return False
 
 
 class ActionModule(ActionBase):
@@ -28,8 +38,13 @@ class ActionModule(ActionBase):
         if not isinstance(record, dict) or not isinstance(record.get("status"), str):
             return dict(result, failed=True, msg="stage_verdict: result holds no stage record (the stage did not run)")
         line = str(record.get("line") or record["status"])
+        failing = validated.validated_parameters["failing"]
         if record["status"] == "UNREACHABLE":
+            # ansible-playbook reports 4 over 2: when another box failed, this one fails too, so the exit code is 2.
+            fleet_var = validated.validated_parameters["fleet_var"]
+            if fleet_var and _fleet_failing(task_vars or {}, fleet_var, failing):
+                return dict(result, failed=True, msg=line)
             return dict(result, unreachable=True, msg=line)
-        if record["status"] in validated.validated_parameters["failing"]:
+        if record["status"] in failing:
             return dict(result, failed=True, msg=line)
         return dict(result, changed=False, msg=line)

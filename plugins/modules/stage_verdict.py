@@ -11,7 +11,8 @@ short_description: Turn a box's stage record into the play's outcome, and so ans
 version_added: "0.2.0"
 description:
   - An action plugin, the last task of a stage. A record whose status is in O(failing) fails the host (exit code
-    2); C(UNREACHABLE) marks it unreachable (exit code 4, which ansible-playbook reports over 2); anything else is ok.
+    2); C(UNREACHABLE) marks it unreachable (exit code 4), or, with O(fleet_var), fails it when another box of the
+    play failed (ansible-playbook would report 4 over 2); anything else is ok.
 author:
   - remote_gpu.trainer contributors (@remote-gpu-trainer)
 options:
@@ -24,6 +25,10 @@ options:
     type: list
     elements: str
     default: [UNCONFIRMED, STOP_BY_HAND, REFUSED, FAILED]
+  fleet_var:
+    description: The variable holding every box's record (the stage's registered result); with it, an unreachable
+      box fails instead when another box's status is in O(failing), so the exit code is 2, not 4.
+    type: str
 extends_documentation_fragment:
   - remote_gpu.trainer.attributes
 attributes:
@@ -39,6 +44,7 @@ EXAMPLES = r"""
 - name: Fail the boxes refused, unconfirmed, left to stop by hand or failed
   remote_gpu.trainer.stage_verdict:
     result: "{{ teardown_box }}"
+    fleet_var: teardown_box
 """
 
 RETURN = r"""
