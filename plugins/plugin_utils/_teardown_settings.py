@@ -68,6 +68,11 @@ BOUNDS = {
     "meter_stop_poll_interval_s": (0.1, 3600),
     "lock_wait_s": (0, 86400),
 }
+# The profile keys of before issue 19: a profile that still sets them would lose its meter-stop silently.
+OLD_PROFILE_KEYS = (
+    "meter_stop_cmd", "meter_stop_status_cmd", "meter_stop_status_key", "meter_stop_final_states",
+    "meter_stop_gone_pattern", "meter_stop_irreversible", "meter_stop_manual_steps", "durable_survives",
+)  # fmt: skip
 # The command line's short names (role defaults read them).
 SHORT_NAMES = ("confirm_teardown", "pull_to", "stop_running", "abandon_runs", "accept_incomplete_cells")
 KNOWN_VARIABLES = (
@@ -182,9 +187,19 @@ def _verb(args: Mapping[str, Any]) -> Tuple[Optional[Any], List[str]]:
     return verb, []
 
 
+def old_profile_keys(variables: Mapping[str, Any]) -> List[str]:
+    """One problem per flat meter-stop key of the old profile format, saying where it moved."""
+    return [
+        f"{key} is no longer read: declare each verb once under meter_stop_verbs.<verb> (command, status, "
+        "final_states, survives, irreversible; docs/teardown.md)"
+        for key in OLD_PROFILE_KEYS
+        if key in variables
+    ]
+
+
 def settings_of(args: Mapping[str, Any], variables: Mapping[str, Any]) -> Tuple[Optional[Settings], List[str]]:
     """The validated settings, or every problem (one line each)."""
-    problems: List[str] = []
+    problems: List[str] = old_profile_keys(variables)
     runs, run_problems = _run_problems(args)
     problems += run_problems
     if not str(args["data_dir"]).startswith("/"):

@@ -141,3 +141,9 @@ def test_a_typo_in_a_command_line_name_is_named_too() -> None:
         "confirm_teardwon is not a variable of this stage (did you mean confirm_teardown?)",
         "pul_to is not a variable of this stage (did you mean pull_to?)",
     ]
+
+
+def test_a_profile_in_the_old_flat_format_is_refused_not_ignored() -> None:
+    problems = problems_of({"meter_stop_cmd": ["runpodctl", "pod", "delete", "x"], "durable_survives": ["stop"]})
+    assert [problem.split(" ", 1)[0] for problem in problems] == ["meter_stop_cmd", "durable_survives"]
+    assert "meter_stop_verbs.<verb>" in problems[0]
