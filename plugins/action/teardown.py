@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, List, Mapping
 
 from ansible.utils.display import Display
 
@@ -25,6 +25,13 @@ display = Display()
 
 class ActionModule(StageAction):
     ARGUMENT_SPEC = options.ARGUMENT_SPEC
+    PREFIX = "teardown_"
+    VARIABLES = {"runs": "teardown_run", "confirm": "confirm_teardown"}
+
+    def refuse(self, task_vars: Dict[str, Any], args: Mapping[str, Any], problems: List[str]) -> Dict[str, Any]:
+        host = str(task_vars.get("inventory_hostname") or self._play_context.remote_addr)
+        record = {"host": host, "runs": options.names(args.get("runs")) or ["?"], "check_mode": self._task.check_mode}
+        return self.finish(record, "REFUSED", "validate", "; ".join(problems))
 
     def stage(self, args: Dict[str, Any], task_vars: Dict[str, Any]) -> Dict[str, Any]:
         host = str(task_vars.get("inventory_hostname") or self._play_context.remote_addr)
@@ -33,12 +40,7 @@ class ActionModule(StageAction):
         settings, more = options.settings_of(args, task_vars)
         problems += more
         if settings is None or problems:
-            record = {
-                "host": host,
-                "runs": options.names(args.get("runs")) or ["?"],
-                "check_mode": self._task.check_mode,
-            }
-            return self.finish(record, "REFUSED", "validate", "; ".join(problems))
+            return self.refuse(task_vars, args, problems)
         flow = Teardown(self, settings, task_vars, host)
         key = settings["instance_id"] or str(task_vars.get("ansible_host") or host)
         try:

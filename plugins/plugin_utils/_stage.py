@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import re
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional
 
 from ansible.errors import AnsibleConnectionFailure
@@ -20,6 +21,7 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
 REASON_CHARS = 300
+_UNCONVERTIBLE = re.compile(r"argument '?([\w.]+)'? is of type (\w+) and we were unable to convert to (\w+).*", re.S)
 
 
 class StageError(Exception):
@@ -70,29 +72,47 @@ def misspelt_short_names(variables: Iterable[str], short_names: Iterable[str]) -
 
 
 class StageAction(ActionBase):
-    """Base of ``remote_gpu.trainer.<stage>``: validation, module calls, no tracebacks."""
+    """Base of ``remote_gpu.trainer.<stage>``: validation first, module calls, no tracebacks.
+
+    The role maps its variables onto the options (``teardown_pull_to`` -> ``pull_to``), so a problem with an option
+    is told by the variable's name (``VARIABLES`` names the exceptions to ``PREFIX + option``), and it becomes the
+    box's refusal at ``validate`` (``refuse``): the report still lists the box.
+    """
 
     _requires_connection = True
     _supports_check_mode = True
     _supports_async = False
     ARGUMENT_SPEC: Dict[str, Any] = {}
+    PREFIX = ""
+    VARIABLES: Dict[str, str] = {}
 
     def run(self, tmp: Optional[str] = None, task_vars: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         result = super().run(tmp, task_vars)
         del tmp
         task_vars = task_vars or {}
-        validator = ArgumentSpecValidator(self.ARGUMENT_SPEC)
-        validated = validator.validate(self._task.args)
+        validated = ArgumentSpecValidator(self.ARGUMENT_SPEC).validate(self._task.args)
         if validated.error_messages:
             unsupported = sorted(set(self._task.args) - set(self.ARGUMENT_SPEC))
             hints = [f"{name} is not an option{closest(name, self.ARGUMENT_SPEC)}" for name in unsupported]
-            messages = hints or [one_line(message) for message in validated.error_messages]
-            return dict(result, failed=True, msg=f"{self._task.action}: " + "; ".join(messages))
+            messages = hints or [self.in_variables(message) for message in validated.error_messages]
+            return dict(result, **self.refuse(task_vars, self._task.args, messages))
         try:
             return dict(result, **self.stage(validated.validated_parameters, task_vars))
         finally:
             with contextlib.suppress(AnsibleConnectionFailure):
                 self._remove_tmp_path(self._connection._shell.tmpdir)
+
+    def in_variables(self, message: str) -> str:
+        """An argument spec's message about option ``x`` told about the role variable behind it."""
+        for option in sorted(self.ARGUMENT_SPEC, key=len, reverse=True):
+            variable = self.VARIABLES.get(option, f"{self.PREFIX}{option}")
+            message = re.sub(rf"(?<![\w'])'?{re.escape(option)}'?(?![\w'])", variable, message)
+        # "argument x is of type str and we were unable to convert to float: <class ...>": the type is what matters.
+        message = _UNCONVERTIBLE.sub(r"\1 must be a \3, not a \2", message)
+        return one_line(message)
+
+    def refuse(self, task_vars: Dict[str, Any], args: Mapping[str, Any], problems: List[str]) -> Dict[str, Any]:
+        return {"failed": True, "msg": f"{self._task.action}: " + "; ".join(problems)}
 
     def stage(self, args: Dict[str, Any], task_vars: Dict[str, Any]) -> Dict[str, Any]:
         raise NotImplementedError

@@ -1,0 +1,34 @@
+"""The teardown action refuses a box at validate, naming the role variable, before it touches the box."""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+from unittest.mock import MagicMock
+
+from ansible_collections.remote_gpu.trainer.plugins.action.teardown import ActionModule
+
+
+def refused(args: Dict[str, Any], task_vars: Dict[str, Any] | None = None) -> Dict[str, Any]:
+    task = MagicMock(args=args, async_val=0, check_mode=False, action="remote_gpu.trainer.teardown")
+    connection = MagicMock()
+    action = ActionModule(task, connection, MagicMock(), loader=None, templar=None, shared_loader_obj=None)
+    result = action.run(task_vars={"inventory_hostname": "b1", **(task_vars or {})})
+    assert connection.exec_command.call_count == 0  # nothing ran on the box
+    return result
+
+
+def test_a_bad_type_and_a_missing_run_name_the_role_variables() -> None:
+    result = refused({"data_dir": "/data", "stop_grace_s": "abc"})
+    assert (result["status"], result["step"]) == ("REFUSED", "validate")
+    assert (
+        result["reason"] == "missing required arguments: teardown_run; teardown_stop_grace_s must be a float, not a str"
+    )
+    assert not result.get("failed")  # the report lists the box; the verdict step fails it
+
+
+def test_a_misspelt_variable_and_a_bad_setting_are_told_together() -> None:
+    result = refused({"runs": "r1", "data_dir": "data"}, {"teardown_pul_to": "/x"})
+    assert result["step"] == "validate"
+    assert "teardown_pul_to is not a variable of this stage (did you mean teardown_pull_to?)" in result["reason"]
+    assert "teardown_data_dir (the profile's data_dir) must be an absolute path" in result["reason"]
+    assert result["line"].startswith("b1  REFUSED  runs r1 at validate: ")
