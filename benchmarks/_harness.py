@@ -171,3 +171,19 @@ def write_seed_script(name: str, directory: Path) -> Path:
 if __name__ == "__main__":  # quick self-check: the seed scripts extract
     for script in ("gpu_health.sh", "reap_vram_zombies.sh"):
         print(script, len(seed_script(script).splitlines()), "lines", file=sys.stderr)
+
+
+class Phases:
+    """The wall time of each phase of a row: ``done(name)`` closes the phase that ran since the previous one."""
+
+    def __init__(self) -> None:
+        self.mark = time.monotonic()
+        self.parts: List[str] = []
+
+    def done(self, name: str) -> None:
+        now = time.monotonic()
+        self.parts.append(f"{name} {now - self.mark:.0f} s")
+        self.mark = now
+
+    def line(self) -> str:
+        return ", ".join(self.parts)

@@ -66,7 +66,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fleet"))
 import fleet_procs
-from _harness import REPO, Bench, Sample, Stats, write_seed_script
+from _harness import REPO, Bench, Phases, Sample, Stats, write_seed_script
 from collection_path import collection_root
 from fleet import Fleet
 from row_preflight import (
@@ -265,28 +265,22 @@ def prefix(stats: Stats, count: int) -> Stats:
 
 
 def run(bench: Bench) -> None:
-    started = time.monotonic()
-    phases: List[str] = []
-
-    def phase(name: str, since: float) -> float:
-        now = time.monotonic()
-        phases.append(f"{name} {now - since:.0f} s")
-        return now
+    phases = Phases()
 
     scratch = bench.scratch("patrol_fanout")
     _build_s, installer = build_cache(scratch / "wheelhouse-cache")
-    mark = phase("controller cache", started)
+    phases.done("controller cache")
     fleet = Fleet(bench.scratch("patrol_fleet"))
     patrol = Patrol(bench)
     try:
         fleet.up([str(SCENARIO)] * BIG)
-        mark = phase(f"fleet up ({BIG} boxes)", mark)
+        phases.done(f"fleet up ({BIG} boxes)")
         bootstrap_by_ssh(fleet, fleet.hosts, installer)
-        mark = phase("runtime venv by ssh", mark)
+        phases.done("runtime venv by ssh")
         launch_s = launch(fleet)
         bench.figure("live runs", f"{_boxes(BIG)}, one run each (fake_train.py --forever --step-s 5), started over "
                      f"the fleet's ssh by the launch code's training_run entry point in {launch_s:.1f} s")  # fmt: skip
-        mark = phase("launch", mark)
+        phases.done("launch")
         far = FarView(fleet, DELAY_MS)
         seed_near, seed_far = SeedLoop(bench, fleet, 0), SeedLoop(bench, far, DELAY_MS)
         near_sides = {
@@ -297,7 +291,7 @@ def run(bench: Bench) -> None:
             f"patrol {_boxes(MID)}, {DELAY_MS} ms RTT": lambda: patrol.tick(far, MID, "far-mid"),
         }
         near = bench.compare(near_sides, reps=min(NEAR_REPS, bench.reps), unit_keys=UNIT_KEYS)
-        mark = phase(f"no delay (and {MID} boxes at {DELAY_MS} ms) x {min(NEAR_REPS, bench.reps)}", mark)
+        phases.done(f"no delay (and {MID} boxes at {DELAY_MS} ms) x {min(NEAR_REPS, bench.reps)}")
         far_sides = {
             f"patrol {_boxes(ONE)}, {DELAY_MS} ms RTT": lambda: patrol.tick(far, ONE, "far-1"),
             f"patrol {_boxes(BIG)}, {DELAY_MS} ms RTT": lambda: patrol.tick(far, BIG, "far-big"),
@@ -305,14 +299,14 @@ def run(bench: Bench) -> None:
         far_stats = list(bench.compare(far_sides, reps=min(FAR_REPS, bench.reps), unit_keys=UNIT_KEYS).values())
         far_stats.append(bench.measure(f"seed loop, {_boxes(BIG)}, {DELAY_MS} ms RTT", seed_far.loop,
                                        reps=min(SEED_FAR_REPS, bench.reps), unit_keys=UNIT_KEYS[:1]))  # fmt: skip
-        mark = phase(f"{DELAY_MS} ms RTT x {min(FAR_REPS, bench.reps)} (seed loop x {SEED_FAR_REPS})", mark)
+        phases.done(f"{DELAY_MS} ms RTT x {min(FAR_REPS, bench.reps)} (seed loop x {SEED_FAR_REPS})")
     finally:
         fleet.down()
         fleet_procs.stop_ssh_clients(f"{fleet.control_dir}-far")
         shutil.rmtree(f"{fleet.control_dir}-far", ignore_errors=True)
-    phase("fleet down", mark)
+    phases.done("fleet down")
     report(bench, patrol, (seed_near, seed_far), list(near.values()), far_stats)
-    bench.figure("row breakdown", ", ".join(phases))
+    bench.figure("row breakdown", phases.line())
 
 
 def report(

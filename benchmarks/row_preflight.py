@@ -53,7 +53,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fleet"))
-from _harness import REPO, Bench, Sample, Stats
+from _harness import REPO, Bench, Phases, Sample, Stats
 from collection_path import collection_root
 from fleet import Fleet
 from fleet_host import Host
@@ -409,13 +409,7 @@ def _boxes(count: int) -> str:
 
 
 def run(bench: Bench) -> None:
-    started = time.monotonic()
-    phases: List[str] = []
-
-    def phase(name: str, since: float) -> float:
-        now = time.monotonic()
-        phases.append(f"{name} {now - since:.0f} s")
-        return now
+    phases = Phases()
 
     scratch = bench.scratch("preflight")
     cache = scratch / "wheelhouse-cache"
@@ -427,12 +421,12 @@ def run(bench: Bench) -> None:
                  "wheelhouse, pip's wheel included, file by file)")  # fmt: skip
     bench.figure("baseline (issue 9, landed code)", BASELINE)
     pf = Preflight(bench, cache)
-    mark = phase("controller cache", started)
+    phases.done("controller cache")
     fleet = Fleet(bench.scratch("fleet"))
     try:
         fleet.up([str(SCENARIO)] * BIG)
-        bench.figure(f"fleet up, {BIG} boxes", f"{time.monotonic() - mark:.1f} s")
-        mark = phase("fleet up", mark)
+        bench.figure(f"fleet up, {BIG} boxes", f"{time.monotonic() - phases.mark:.1f} s")
+        phases.done("fleet up")
         far = FarView(fleet, DELAY_MS)
         first: Dict[int, Sample] = {}
         if FIRST_50:
@@ -441,10 +435,10 @@ def run(bench: Bench) -> None:
         first[MID] = pf.run(fleet, MID, f"first-{MID}", time_tasks=True)
         forget(fleet, 1)
         first[1] = pf.run(fleet, 1, "first-1", time_tasks=True)
-        mark = phase("first runs", mark)
+        phases.done("first runs")
         if not FIRST_50:
             bootstrap_by_ssh(fleet, fleet.hosts[MID:], installer)
-            mark = phase(f"bootstrap of boxes {MID + 1}-{BIG} by ssh", mark)
+            phases.done(f"bootstrap of boxes {MID + 1}-{BIG} by ssh")
         for count, sample in sorted(first.items()):
             bench.figure(f"first run, {_boxes(count)}",
                          f"{sample.seconds:.1f} s (n=1); controller {sample.extra['controller_cpu_s']:.1f} CPU-s, "
@@ -460,7 +454,7 @@ def run(bench: Bench) -> None:
         }
         stats = bench.compare(sides, unit_keys=UNIT_KEYS)
         one, big = (stats[name] for name in sides)
-        mark = phase(f"second runs 1 vs {BIG} boxes x {bench.reps}", mark)
+        phases.done(f"second runs 1 vs {BIG} boxes x {bench.reps}")
         on_boxes(far, far.hosts[:MID], "true")  # the SSH masters a previous run through the relay would have left
         bench.figure("one SSH command over an open master (what each task pays at least once)",
                      f"{command_ms(fleet):.0f} ms, {command_ms(far):.0f} ms with {DELAY_MS} ms RTT "
@@ -472,13 +466,13 @@ def run(bench: Bench) -> None:
         }
         far_stats = bench.compare(far_sides, reps=min(FAR_REPS, bench.reps), unit_keys=UNIT_KEYS[:3])
         mid, mid_far, one_far = (far_stats[name] for name in far_sides)
-        mark = phase(f"second runs {MID} boxes, {MID} and 1 with {DELAY_MS} ms RTT x {min(FAR_REPS, bench.reps)}", mark)
+        phases.done(f"second runs {MID} boxes, {MID} and 1 with {DELAY_MS} ms RTT x {min(FAR_REPS, bench.reps)}")
     finally:
         fleet.down()
         shutil.rmtree(f"{fleet.control_dir}-far", ignore_errors=True)
-    phase("fleet down", mark)
+    phases.done("fleet down")
     report(bench, pf, first, {"1": one, "big": big, "mid": mid, "mid far": mid_far, "1 far": one_far})
-    bench.figure("row breakdown", ", ".join(phases))
+    bench.figure("row breakdown", phases.line())
 
 
 def report(bench: Bench, pf: Preflight, first: Dict[int, Sample], second: Dict[str, Stats]) -> None:

@@ -66,7 +66,7 @@ from typing import Any, Dict, List
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fleet"))
 import fleet_procs
-from _harness import REPO, Bench, Sample, Stats
+from _harness import REPO, Bench, Phases, Sample, Stats
 from collection_path import collection_root
 from fleet import Fleet
 from row_preflight import _boxes, box_pids, cpu_ticks, ssh_masters
@@ -339,13 +339,7 @@ class Side:
 
 
 def run(bench: Bench) -> None:
-    started = time.monotonic()
-    phases: List[str] = []
-
-    def phase(name: str, since: float) -> float:
-        now = time.monotonic()
-        phases.append(f"{name} {now - since:.0f} s")
-        return now
+    phases = Phases()
 
     scratch = bench.scratch("teardown")
     before_root = old_tree(scratch)
@@ -353,7 +347,7 @@ def run(bench: Bench) -> None:
     results: Dict[int, Dict[str, Stats]] = {}
     try:
         fleet.up([str(SCENARIO)] * max(BOXES))
-        mark = phase(f"fleet up ({max(BOXES)} boxes)", started)
+        phases.done(f"fleet up ({max(BOXES)} boxes)")
         sides = {
             "before": Side(bench, fleet, "before", before_root),
             "after": Side(bench, fleet, "after", collection_root()),
@@ -364,12 +358,12 @@ def run(bench: Bench) -> None:
                 for name, side in sides.items()
             }
             results[count] = bench.compare(compared, reps=min(reps, bench.reps), unit_keys=UNIT_KEYS)
-            mark = phase(f"{_boxes(count)} x {min(reps, bench.reps)}", mark)
+            phases.done(f"{_boxes(count)} x {min(reps, bench.reps)}")
     finally:
         fleet.down()
-    phase("fleet down", mark)
+    phases.done("fleet down")
     report(bench, sides, results)
-    bench.figure("row breakdown", ", ".join(phases))
+    bench.figure("row breakdown", phases.line())
 
 
 def task_list(counts: Dict[str, Any]) -> str:

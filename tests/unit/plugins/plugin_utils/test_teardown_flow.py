@@ -3,15 +3,14 @@ the fake one (tests/workload/fake_provider.py) and the templates go through Ansi
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.template import Templar
 
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_settings as options
-from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import StageError
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import StageAction, StageError
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._teardown_flow import Teardown
 from ansible_collections.remote_gpu.trainer.tests.workload.harness import Provider
 
@@ -70,14 +69,7 @@ class FakeAction:
         answer = self.answers[name].pop(0)
         return answer(args) if callable(answer) else answer
 
-    @contextlib.contextmanager
-    def check_mode(self, preview: bool) -> Iterator[None]:
-        saved = self._task.check_mode
-        self._task.check_mode = bool(saved or preview)
-        try:
-            yield
-        finally:
-            self._task.check_mode = saved
+    check_mode = StageAction.check_mode
 
     def modules(self) -> List[str]:
         return [call["module"] for call in self.calls]
