@@ -1,6 +1,7 @@
 """A simulated fleet of rented GPU boxes: scenario files in, SSH-reachable hosts and an Ansible inventory out.
 
     python tests/fleet/fleet.py up --state-dir DIR --scenario a.yml [--scenario b.yml ...] [--name NAME ...]
+                                   [--env NAME:KEY=VALUE ...] [--mount NAME:PATH ...] [--profile-dirs NAME ...]
     python tests/fleet/fleet.py status --state-dir DIR
     python tests/fleet/fleet.py ssh --state-dir DIR NAME -- command ...
     python tests/fleet/fleet.py down --state-dir DIR | --all
@@ -25,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -214,28 +215,42 @@ class Fleet:
         names: Sequence[str] | None = None,
         timeout_s: float = READY_TIMEOUT_S,
         delay_ms: float = 0,
+        *,
+        env: Mapping[str, Mapping[str, str]] | None = None,
+        mounts: Mapping[str, Sequence[str]] | None = None,
+        profile_dirs: Collection[str] = (),
     ) -> list[dict[str, Any]]:
         """Start one host per scenario, wait until each answers SSH, write inventory.ini and fleet.json.
 
         ``delay_ms``: every SSH connection to the hosts (ours and the inventory's) pays that round-trip delay.
+        Per host name: ``env``, variables every SSH session on the box gets (a platform's RUNPOD_POD_ID);
+        ``mounts``, more paths that get a private tmpfs each (a platform profile's /workspace); ``profile_dirs``,
+        hosts whose inventory line leaves data_dir and durable_dir out, so their platform profile sets them.
         """
         if delay_ms < 0:
             raise FleetError(f"delay_ms must be 0 or more, not {delay_ms}")
         paths = [str(Path(scenario).resolve()) for scenario in scenarios]
         names = list(names) if names else default_names(paths)
         self._check_names(paths, names)
+        extras = {"env": dict(env or {}), "mounts": dict(mounts or {}), "profile_dirs": set(profile_dirs)}
+        for key, given in extras.items():
+            unknown = sorted(set(given) - set(names))
+            if unknown:
+                raise FleetError(f"{key} names no host of the fleet: {', '.join(unknown)}")
         if fleet_procs.marked_processes(str(self.state_dir)):
             raise FleetError(f"a fleet is already running in {self.state_dir}: run `down` first")
         self._remove_state()  # leftovers of an interrupted run
         try:
-            hosts = self._up(names, paths, timeout_s, delay_ms)
+            hosts = self._up(names, paths, timeout_s, delay_ms, extras)
         except BaseException:
             self.down(keep_logs=True)
             raise
         self._write_records(hosts, delay_ms)
         return self.hosts
 
-    def _up(self, names: list[str], paths: list[str], timeout_s: float, delay_ms: float) -> list[Host]:
+    def _up(
+        self, names: list[str], paths: list[str], timeout_s: float, delay_ms: float, extras: dict[str, Any]
+    ) -> list[Host]:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.control_dir.mkdir(parents=True, exist_ok=True)
         self._build_simulator()
@@ -243,16 +258,17 @@ class Fleet:
         fleet_host.generate_key(self.key_path)
         authorized_keys = self.key_path.with_name("authorized_keys")
         shutil.copyfile(self.key_path.with_suffix(".pub"), authorized_keys)
-        for mountpoint in ("/data", "/durable"):  # mount points must exist; hosts mount private tmpfs on them
-            os.makedirs(mountpoint, exist_ok=True)
+        hosts = [self._describe(name, path, "", 0, extras) for name, path in zip(names, paths)]  # refuse bad extras
+        wanted = {"/data", "/durable"} | {path for host in hosts for path in host.mounts}
+        for mountpoint in sorted(wanted):  # mount points must exist; hosts mount private tmpfs on them
+            if not any(fleet_host.under(mountpoint, mask) for mask in fleet_host.MASKED):  # those are private already
+                os.makedirs(mountpoint, exist_ok=True)
         with open(ALLOCATION_LOCK, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent fleets must not pick the same addresses
             subnet = self._free_subnet()
             port = 2222 if _port_22_taken_by_wildcard() else 22
-            hosts = [
-                self._describe(name, path, f"{ADDRESS_PREFIX}.{subnet}.{index + 1}", port)
-                for index, (name, path) in enumerate(zip(names, paths))
-            ]
+            for index, host in enumerate(hosts):
+                host.address, host.port = f"{ADDRESS_PREFIX}.{subnet}.{index + 1}", port
             started = self._start(hosts, authorized_keys, delay_ms)
             self._wait_for_banners(hosts, started, timeout_s)
         self._check_ssh(hosts, timeout_s, delay_ms)
@@ -294,7 +310,7 @@ class Fleet:
                 return candidate
         raise FleetError(f"every {ADDRESS_PREFIX}.x.0/24 has a listener: run `down --all`")
 
-    def _describe(self, name: str, path: str, address: str, port: int) -> Host:
+    def _describe(self, name: str, path: str, address: str, port: int, extras: dict[str, Any]) -> Host:
         build_module = _load("fakegpu_build", FAKEGPU / "build.py")
         scenario_module = importlib.import_module("scenario")  # the one build.py put on sys.path and uses itself
         try:
@@ -308,6 +324,12 @@ class Fleet:
         simulator_env = {key: str(value) for key, value in simulator_env.items()}
         simulator_env["FAKEGPU_SCENARIO"] = own_copy
         simulator_env["FAKEGPU_STATE_DIR"] = str(directory / "gpu-state")  # per box, even for a shared scenario
+        env = {str(key): str(value) for key, value in extras["env"].get(name, {}).items()}
+        mounts = [str(path) for path in extras["mounts"].get(name, [])]
+        try:
+            fleet_host.check_extras(name, env, mounts, simulator_env)
+        except ValueError as exc:
+            raise FleetError(str(exc)) from exc
         return Host(
             name=name,
             hostname=box.get("hostname", name),
@@ -324,6 +346,9 @@ class Fleet:
             durable_inodes=box["durable_inodes"],
             memory_limit_mib=box.get("memory_limit_mib"),
             simulator_env=simulator_env,
+            env=env,
+            mounts=mounts,
+            profile_dirs=name in extras["profile_dirs"],
         )
 
     def _start(self, hosts: list[Host], authorized_keys: Path, delay_ms: float) -> dict[str, subprocess.Popen[bytes]]:
@@ -415,7 +440,8 @@ class Fleet:
             lines.append(
                 f"{host.name} ansible_host={host.address} ansible_port={host.port} ansible_user=root"
                 f" ansible_ssh_private_key_file={self.key_path} ansible_ssh_common_args='{common}'"
-                " ansible_python_interpreter=/usr/bin/python3 data_dir=/data durable_dir=/durable"
+                " ansible_python_interpreter=/usr/bin/python3"
+                f"{'' if host.profile_dirs else ' data_dir=/data durable_dir=/durable'}"
                 f" fakegpu_scenario={host.scenario} fakegpu_scenario_source={host.scenario_source}"
                 f" fakegpu_gpu_count={host.gpu_count}"
             )
@@ -469,6 +495,24 @@ def down_all() -> list[str]:
     return state_dirs
 
 
+def _extras_of(env_args: Sequence[str], mount_args: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``--env NAME:KEY=VALUE`` and ``--mount NAME:PATH`` as up()'s ``env`` and ``mounts``."""
+    env: dict[str, dict[str, str]] = {}
+    for given in env_args:
+        name, _, pair = given.partition(":")
+        key, equals, value = pair.partition("=")
+        if not equals:
+            raise FleetError(f"--env {given!r}: NAME:KEY=VALUE")
+        env.setdefault(name, {})[key] = value
+    mounts: dict[str, list[str]] = {}
+    for given in mount_args:
+        name, colon, path = given.partition(":")
+        if not colon:
+            raise FleetError(f"--mount {given!r}: NAME:PATH")
+        mounts.setdefault(name, []).append(path)
+    return env, mounts
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -478,6 +522,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     up.add_argument("--name", action="append", help="host names, in scenario order (default: file stems)")
     up.add_argument("--timeout", type=float, default=READY_TIMEOUT_S, help="seconds to wait for SSH")
     up.add_argument("--delay-ms", type=float, default=0, help="round-trip delay of every SSH connection to the hosts")
+    up.add_argument("--env", action="append", default=[], metavar="NAME:KEY=VALUE", help="a variable of host NAME")
+    up.add_argument("--mount", action="append", default=[], metavar="NAME:PATH", help="a private tmpfs on host NAME")
+    up.add_argument("--profile-dirs", action="append", default=[], metavar="NAME", help="no data_dir/durable_dir")
     status = commands.add_parser("status", help="print each host and whether it answers SSH")
     status.add_argument("--state-dir", required=True)
     ssh = commands.add_parser("ssh", help="run a command on one host")
@@ -492,7 +539,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "up":
-            hosts = Fleet(args.state_dir).up(args.scenario, args.name, args.timeout, args.delay_ms)
+            env, mounts = _extras_of(args.env, args.mount)
+            hosts = Fleet(args.state_dir).up(
+                args.scenario,
+                args.name,
+                args.timeout,
+                args.delay_ms,
+                env=env,
+                mounts=mounts,
+                profile_dirs=args.profile_dirs,
+            )
             for host in hosts:
                 where = f"{host['address']}:{host['port']}"
                 print(f"{host['name']}\t{where}\t{host['gpu_count']} GPU(s)\t{host['scenario_source']}")

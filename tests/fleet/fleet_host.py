@@ -26,6 +26,8 @@ BOX_DEFAULTS = {
     "durable_inodes": 200_000,
 }
 PROCESS_TIMEOUT_S = 30
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+OWN_MOUNTS = ("/", "/data", "/durable", "/proc", "/sys", "/usr", "/etc", *MASKED)
 
 
 @dataclass
@@ -50,6 +52,9 @@ class Host:
     unshare_pid: int | None = None
     init_pid: int | None = None
     simulator_env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # the box's own variables (a platform's RUNPOD_POD_ID)
+    mounts: list[str] = field(default_factory=list)  # more private tmpfs mounts (a profile's /workspace)
+    profile_dirs: bool = False  # the inventory leaves data_dir and durable_dir to the platform profile
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,6 +75,17 @@ def keep_paths(wanted: Sequence[str]) -> list[str]:
     return keep
 
 
+def check_extras(name: str, env: dict[str, str], mounts: Sequence[str], simulator_env: dict[str, str]) -> None:
+    """ValueError naming the host for a variable or mount the box cannot get."""
+    for key, value in env.items():
+        if not ENV_NAME.match(key) or key in simulator_env:
+            raise ValueError(f"host {name}: environment variable {key!r}: a shell name not set by the simulator")
+        _quote_setting(f"{key}={value}")
+    for path in mounts:
+        if not path.startswith("/") or os.path.normpath(path) != path or ":" in path or path in OWN_MOUNTS:
+            raise ValueError(f"host {name}: mount {path!r}: a normalised absolute path (no ':') of its own")
+
+
 def generate_key(path: Path) -> None:
     subprocess.run(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rgt-fleet", "-f", str(path)],
@@ -86,7 +102,8 @@ def _quote_setting(value: str) -> str:
 
 
 def sshd_config(host: Host, authorized_keys: str, host_key: str) -> str:
-    setenv = " ".join(_quote_setting(f"{key}={value}") for key, value in sorted(host.simulator_env.items()))
+    variables = {**host.simulator_env, **host.env}
+    setenv = " ".join(_quote_setting(f"{key}={value}") for key, value in sorted(variables.items()))
     return "\n".join(
         [
             f"ListenAddress {host.address}:{host.port}",
@@ -160,6 +177,7 @@ def init_environment(
         "RGT_JOURNALCTL": str(simulator_bin / "journalctl"),
         "RGT_DATA_MOUNT": f"{host.data_size_mib}:{host.data_inodes}",
         "RGT_DURABLE_MOUNT": f"{host.durable_size_mib}:{host.durable_inodes}",
+        "RGT_MOUNTS": ":".join(host.mounts),
         "RGT_KEEP": ":".join(keep_paths([state_dir, *needed])),
         "RGT_CGROUP_MEMORY": "1" if with_cgroup else "0",
     }

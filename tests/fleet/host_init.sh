@@ -6,6 +6,7 @@
 # Inputs (environment, set by fleet.py; no value is ever evaluated as shell code):
 #   RGT_HOSTNAME  RGT_GPU_COUNT  RGT_SSHD_CONFIG  RGT_PROFILE  RGT_DMESG  RGT_JOURNALCTL
 #   RGT_DATA_MOUNT (size_mib:inodes)  RGT_DURABLE_MOUNT (size_mib:inodes)
+#   RGT_MOUNTS   colon-separated absolute paths that get a private tmpfs each (the size of /data), empty for none
 #   RGT_KEEP     colon-separated directories that the masks below hide but the box must still see
 #                (the fleet's state dir, the checkout, the simulator and its python when under /tmp or /root)
 #   RGT_CGROUP_MEMORY  "1" when fleet.py put this box in its own memory cgroup
@@ -69,6 +70,12 @@ private_tmpfs /var/tmp 1777 size=256m
 private_tmpfs /root 700 size=256m
 sized_tmpfs /data "$RGT_DATA_MOUNT"
 sized_tmpfs /durable "$RGT_DURABLE_MOUNT"
+# A platform profile's own directories (/workspace, /lambda/nfs/persistent), each a filesystem of its own.
+IFS=:
+for extra in $RGT_MOUNTS; do
+    sized_tmpfs "$extra" "$RGT_DATA_MOUNT"
+done
+unset IFS
 
 # The box sees its own memory cgroup as the root of the hierarchy (the cgroup namespace starts there).
 if [ "${RGT_CGROUP_MEMORY:-}" = 1 ]; then

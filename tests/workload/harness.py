@@ -129,3 +129,19 @@ class Provider:
 
     def instances(self) -> Dict[str, Any]:
         return json.loads(self.state.read_text())["instances"]
+
+
+def runpod_stop_verb(pod: str) -> Dict[str, Any]:
+    """RunPod's ``stop`` verb as the shipped profile declares it, rendered for ``pod``."""
+    return {
+        "command": ["runpodctl", "pod", "stop", pod],
+        "status": {
+            "command": ["runpodctl", "pod", "list", "--all", "--output", "json"],
+            "list": "",
+            "id": pod,
+            "state_key": "desiredStatus",
+        },
+        "final_states": ["EXITED"],
+        "survives": ["data_dir", "durable_dir"],
+        "irreversible": False,
+    }

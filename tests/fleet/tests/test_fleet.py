@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import fleet_procs
 import pytest
@@ -265,4 +267,44 @@ def test_a_delayed_fleet_pays_the_round_trip_on_every_connection(fresh_fleet: Fl
 def test_a_negative_delay_is_refused(fresh_fleet: Fleet, tmp_path: Path) -> None:
     with pytest.raises(FleetError, match="delay_ms must be 0 or more"):
         fresh_fleet.up([write_scenario(tmp_path, "plain", "{}\n")], delay_ms=-1)
+    assert not fresh_fleet.fleet_json.exists()
+
+
+def test_a_box_gets_its_own_variables_mounts_and_profile_dirs(fresh_fleet: Fleet, tmp_path: Path) -> None:
+    scenario = write_scenario(tmp_path, "plain", "{}\n")
+    fresh_fleet.up(
+        [scenario, scenario],
+        names=["pod", "plain"],
+        env={"pod": {"RUNPOD_POD_ID": "pod-17"}},
+        mounts={"pod": ["/workspace", "/root/autodl-fs"]},
+        profile_dirs=["pod"],
+    )
+    assert run(fresh_fleet, "pod", "echo $RUNPOD_POD_ID").strip() == "pod-17"
+    assert run(fresh_fleet, "plain", "echo ${RUNPOD_POD_ID-unset}").strip() == "unset"
+    devices = run(fresh_fleet, "pod", "stat -c %d / /data /workspace /root/autodl-fs").split()
+    assert len(set(devices)) == 4  # each mount a filesystem of its own
+    run(fresh_fleet, "pod", "echo x > /workspace/only-here")
+    assert run(fresh_fleet, "plain", "ls /workspace 2>/dev/null || true").strip() == ""
+    lines = {line.split()[0]: line for line in fresh_fleet.inventory_path.read_text().splitlines()[1:]}
+    assert "data_dir=" not in lines["pod"] and "durable_dir=" not in lines["pod"]
+    assert "data_dir=/data durable_dir=/durable" in lines["plain"]
+    assert fresh_fleet.host("pod")["env"] == {"RUNPOD_POD_ID": "pod-17"}
+
+
+@pytest.mark.parametrize(
+    ("extras", "message"),
+    [
+        ({"env": {"one": {"PATH": "/x"}}}, "environment variable 'PATH'"),
+        ({"env": {"one": {"A-B": "1"}}}, "environment variable 'A-B'"),
+        ({"mounts": {"one": ["/data"]}}, "mount '/data'"),
+        ({"mounts": {"one": ["relative"]}}, "mount 'relative'"),
+        ({"profile_dirs": ["nobody"]}, "profile_dirs names no host of the fleet: nobody"),
+    ],
+)
+def test_extras_a_box_cannot_get_are_refused(
+    fresh_fleet: Fleet, tmp_path: Path, extras: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(FleetError, match=re.escape(message)):
+        fresh_fleet.up([write_scenario(tmp_path, "one", "{}\n")], **extras)
+    assert fleet_procs.marked_processes(str(fresh_fleet.state_dir)) == {}
     assert not fresh_fleet.fleet_json.exists()

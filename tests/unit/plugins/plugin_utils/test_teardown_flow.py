@@ -12,21 +12,10 @@ from ansible.template import Templar
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_settings as options
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import StageAction, StageError
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._teardown_flow import Teardown
-from ansible_collections.remote_gpu.trainer.tests.workload.harness import Provider
+from ansible_collections.remote_gpu.trainer.tests.workload.harness import Provider, runpod_stop_verb
 
 SHA = "a" * 64
-STOP = {
-    "command": ["runpodctl", "pod", "stop", "pod-1"],
-    "status": {
-        "command": ["runpodctl", "pod", "list", "--all", "--output", "json"],
-        "list": "",
-        "id": "pod-1",
-        "state_key": "desiredStatus",
-    },
-    "final_states": ["EXITED"],
-    "survives": ["data_dir", "durable_dir"],
-    "irreversible": False,
-}
+STOP = runpod_stop_verb("pod-1")
 DELETE = dict(STOP, command=["runpodctl", "pod", "delete", "pod-1"], final_states=["TERMINATED"])
 DELETE.update(survives=["durable_dir"], irreversible=True)
 SHUTDOWN = {

@@ -9,21 +9,9 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_settings as options
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import misspelt_short_names, unknown_variables
+from ansible_collections.remote_gpu.trainer.tests.workload.harness import runpod_stop_verb
 
-RUNPOD_VERBS = {
-    "stop": {
-        "command": ["runpodctl", "pod", "stop", "pod-1"],
-        "status": {
-            "command": ["runpodctl", "pod", "list", "--all", "--output", "json"],
-            "list": "",
-            "id": "pod-1",
-            "state_key": "desiredStatus",
-        },
-        "final_states": ["EXITED"],
-        "survives": ["data_dir", "durable_dir"],
-        "irreversible": False,
-    }
-}
+RUNPOD_VERBS = {"stop": runpod_stop_verb("pod-1")}
 
 
 def validated(**args: Any) -> Dict[str, Any]:
