@@ -75,9 +75,6 @@ def warnings_of(record: Dict[str, Any]) -> list:
     for run in gate.get("runs") or []:
         if run.get("accepted"):
             warnings.append(f"run {run['name']}: cells accepted unfinished (not secured): {', '.join(run['accepted'])}")
-    for other in (gate.get("instance") or {}).get("other_runs") or []:
-        if other.get("abandoned"):
-            warnings.append(f"run {other.get('name')} ABANDONED: {other.get('would_lose') or 'its scratch is lost'}")
-    # The id check's note is on the line already.
+    # The id check's note is on the line already; the gate's notes name each abandoned run and what it loses.
     warnings += [str(note) for note in gate.get("notes") or [] if not str(note).startswith("instance_id ")]
     return warnings

@@ -31,6 +31,7 @@ except ImportError:  # ansible-core before 2.19 renders every string
 
 
 COMMAND_TIMEOUT_S = 60.0
+OUTPUT_CHARS = 500  # of a failed load check's output, in the record
 RSYNC_IO_TIMEOUT_S = 300
 
 
@@ -237,10 +238,17 @@ class Teardown:
                 answer = loads.load_verify(params)
             except ValueError as error:
                 raise StageError("load_verify", str(error)) from None
-        failed = [str(check.get("artifact")) for check in answer.get("checks") or [] if check.get("rc") != 0]
-        record.update(ran=True, checks=len(answer.get("checks") or []), failed=failed)
-        if answer.get("passed") is not True or failed or record["checks"] != len(checks):
-            raise StageError("load_verify", f"load-verify ({on}): {answer.get('reason') or answer.get('msg')}")
+        failures = [
+            {key: check.get(key) for key in ("artifact", "rc", "signal", "timed_out")}
+            | {"output_tail": str(check.get("output_tail") or "")[-OUTPUT_CHARS:]}
+            for check in answer.get("checks") or []
+            if check.get("rc") != 0 or check.get("timed_out")
+        ]
+        record.update(ran=True, checks=len(answer.get("checks") or []), failed=failures)
+        if answer.get("passed") is not True or failures or record["checks"] != len(checks):
+            said = _last_line(failures[0]["output_tail"]) if failures else ""
+            told = f" (it said: {said})" if said else ""
+            raise StageError("load_verify", f"load-verify ({on}): {answer.get('reason') or answer.get('msg')}{told}")
 
     def load_checks(self, command: Any, on: str) -> List[Dict[str, Any]]:
         """One check per chosen artifact, the command rendered with ``artifact`` set to its absolute path."""
@@ -318,8 +326,22 @@ class Teardown:
             raise StageError("meter_stop", str(error)) from None
         state = "would_run" if preview else ("already" if result.get("already") else "stopped")
         self.record["meter_stop"] = dict(result, state=state, verb=verb.name)
+        if state == "already" and result.get("gone"):
+            # The box answered this teardown's gate moments ago, so its instance exists: an id the provider does
+            # not list is a typo or a stale id, and the box is still billing.
+            self.record["meter_stop"]["state"] = "failed"
+            raise StageError(
+                "meter_stop",
+                f"the provider lists no instance {self.settings['instance_id']}, yet the box answered: instance_id is "
+                "wrong (a typo or a stale id) and the box may still be billing; nothing was stopped",
+            )
         self.record["changed"] = self.record["changed"] or bool(changed and not preview)
         return "TORN_DOWN"
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return one_line(lines[-1], 160) if lines else ""
 
 
 def _state(entry: Mapping[str, Any]) -> str:

@@ -499,7 +499,7 @@ def _extras_of(env_args: Sequence[str], mount_args: Sequence[str]) -> tuple[dict
     """``--env NAME:KEY=VALUE`` and ``--mount NAME:PATH`` as up()'s ``env`` and ``mounts``."""
     env: dict[str, dict[str, str]] = {}
     for given in env_args:
-        name, _, pair = given.partition(":")
+        name, _colon, pair = given.partition(":")
         key, equals, value = pair.partition("=")
         if not equals:
             raise FleetError(f"--env {given!r}: NAME:KEY=VALUE")

@@ -37,6 +37,10 @@ MAX_WALKED = 200_000  # entries counted per run's scratch; beyond, the size is a
 MAX_PIDS_LISTED = 10
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def _environ_values(raw: bytes) -> Dict[str, str]:
     values = {}
     for entry in raw.split(b"\0"):
@@ -193,11 +197,11 @@ def would_lose(entry: Dict[str, Any]) -> str:
     if entry["pids"]:
         parts.append(f"its live processes (pid {', '.join(str(pid) for pid in entry['pids'][:MAX_PIDS_LISTED])})")
     if entry["cells"]:
-        parts.append(f"{entry['cells']} cells' scratch ({_amount(entry['bytes'])})")
+        parts.append(f"the scratch of {_count(entry['cells'], 'cell')} ({_amount(entry['bytes'])})")
     elif entry["bytes"]:
         parts.append(f"its scratch ({_amount(entry['bytes'])})")
     if entry["durable_files"]:
-        parts.append(f"{entry['durable_files']} durable files not pulled")
+        parts.append(f"{_count(entry['durable_files'], 'durable file')} not pulled")
     return ", ".join(parts) or "nothing"
 
 

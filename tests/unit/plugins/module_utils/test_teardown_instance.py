@@ -87,8 +87,8 @@ def test_without_a_meter_stop_only_the_named_runs_are_judged(box, r2_worker):
 def test_a_finished_run_not_torn_down_refuses_with_what_it_would_lose(box):
     result = gate(box, instance=True)
     assert result["step"] == "other_runs"
-    assert result["reason"].startswith("run r2: finished, not torn down, would lose 1 cells' scratch (")
-    assert "1 durable files not pulled" in result["reason"]
+    assert result["reason"].startswith("run r2: finished, not torn down, would lose the scratch of 1 cell (")
+    assert "1 durable file not pulled" in result["reason"]
     assert result["instance"]["runs_on_box"] == ["r1", "r2"]
 
 
@@ -97,7 +97,7 @@ def test_an_abandoned_run_never_refuses_and_is_listed_with_what_it_loses(box, r2
     assert result["passed"], result["reason"]
     (other,) = result["instance"]["other_runs"]
     assert (other["name"], other["abandoned"], other["state"]) == ("r2", True, "running")
-    assert "1 durable files not pulled" in other["would_lose"] and str(r2_worker.pid) in other["would_lose"]
+    assert "1 durable file not pulled" in other["would_lose"] and str(r2_worker.pid) in other["would_lose"]
     assert any(note.startswith("run r2 is abandoned: it loses ") for note in result["notes"])
 
 

@@ -239,3 +239,29 @@ def test_load_verify_patterns_that_match_nothing_refuse_the_box() -> None:
     flow.run_gate()
     with pytest.raises(StageError, match="match none of the 1 artifacts"):
         flow.load_verify()
+
+
+def test_an_id_the_provider_does_not_list_is_wrong_when_the_box_answered(provider: Provider) -> None:
+    # A typo or a stale id read as "already gone" used to end TORN_DOWN while the box's own pod billed on.
+    provider.add("pod-2")
+    action = FakeAction({"teardown_gate": [gate()], "run_scratch": [scratch_answer]})
+    flow = teardown(action, confirm="b1")
+    with pytest.raises(StageError) as stopped:
+        run(flow)
+    assert (
+        stopped.value.step == "meter_stop" and "lists no instance pod-1, yet the box answered" in stopped.value.reason
+    )
+    assert [call[:3] for call in provider.calls()] == [["runpodctl", "pod", "list"]]  # nothing stopped
+
+
+def test_a_failed_load_check_keeps_what_the_command_said() -> None:
+    said = "Traceback (most recent call last):\n  ...\n_pickle.UnpicklingError: invalid load key, '\\x00'."
+    check = {"artifact": "r1/cells/a/my best.pth", "rc": 1, "timed_out": False, "output_tail": said}
+    answer = {"passed": False, "checks": [check], "reason": "load check of r1/cells/a/my best.pth exited with 1"}
+    action = FakeAction({"teardown_gate": [gate()], "load_verify": [answer]})
+    flow = teardown(action, {"teardown_load_verify_cmd": ["python3", "-c", "...", "{{ artifact }}"]})
+    flow.run_gate()
+    with pytest.raises(StageError) as stopped:
+        flow.load_verify()
+    assert stopped.value.step == "load_verify" and "invalid load key" in stopped.value.reason
+    assert flow.record["load_verify"]["failed"][0]["output_tail"].endswith("invalid load key, '\\x00'.")
