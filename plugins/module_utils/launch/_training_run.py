@@ -143,6 +143,24 @@ def _probe_data_dir(data_dir: str) -> None:
         raise LaunchError(f"data_dir {data_dir} is not a usable directory")
 
 
+def _probe_durable_dir(spec: RunSpec) -> None:
+    """A run that declares artifacts needs its durable_dir now: found missing only at the first sync, every cell
+    would train for hours and end "sync failed". Never created here: a missing one may be an unmounted volume."""
+    if not spec.artifacts or not spec.durable_dir:
+        return
+    probe = functools.partial(os.path.isdir, spec.durable_dir)
+    answer = run_with_deadline({"isdir": probe}, DATA_DIR_TIMEOUT_S)["isdir"]
+    if answer.get("timed_out"):
+        raise LaunchError(
+            f"durable_dir {spec.durable_dir} did not answer within {DATA_DIR_TIMEOUT_S:g} s (a hung mount?)"
+        )
+    if not answer.get("value"):
+        raise LaunchError(
+            f"durable_dir {spec.durable_dir} is not a directory on the box: mount its volume (or create it) before "
+            "launching; the cells' artifacts would have nowhere to go"
+        )
+
+
 def write_run_files(spec: RunSpec, secrets: Mapping[str, str]) -> str:
     """spec.json (0644), .secrets.json (0600, removed when there are none: an old one must not reach new cells)
     and the runner's code; the path of run.py."""
@@ -363,6 +381,7 @@ def started(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], N
     gpus = params.get("gpus")
     spec, secrets = build_spec(params, list(gpus) if gpus is not None else detect_gpus())
     _probe_data_dir(spec.data_dir)
+    _probe_durable_dir(spec)
     if spec.env_hook and not os.access(spec.env_hook, os.R_OK):
         raise LaunchError(f"env_hook {spec.env_hook} is not a readable file")
     if not os.path.isdir(spec.workdir):

@@ -369,6 +369,14 @@ def test_a_missing_workdir_fails_before_anything_is_written(box, run_module):
     assert not (box["data"] / "runs" / "r9").exists()
 
 
+def test_a_missing_durable_dir_fails_before_anything_trains(box, run_module):
+    # The shipped RunPod and Vast.ai profiles name /workspace/durable, which a fresh box does not have.
+    missing = box["root"] / "workspace" / "durable"
+    code, result = run_module(training_run, args_for(box, durable_dir=str(missing), artifacts=["best.pth"]))
+    assert code == 1 and result["msg"].startswith(f"durable_dir {missing} is not a directory on the box")
+    assert not (box["data"] / "runs" / "r1").exists() and not missing.exists()
+
+
 def test_a_runner_that_dies_before_registering_fails_with_its_log(box, run_module, monkeypatch):
     monkeypatch.setattr(_training_run, "RUN_PY", "import sys\nprint('rgt: broken runner')\nsys.exit(3)\n")
     code, result = run_module(training_run, args_for(box))
