@@ -52,6 +52,8 @@ class ActionModule(StageAction):
             status, step, reason = lines.status_of_step(stop.step), stop.step, stop.reason
         except BoxUnreachable as gone:
             status, step, reason = "UNREACHABLE", "unreachable", str(gone)
+            said = flow.provider_state()
+            reason = f"{reason}; {said}" if said else reason
         return self.finish(flow.record, status, step, reason)
 
     def finish(self, record: Dict[str, Any], status: str, step: Any, reason: str) -> Dict[str, Any]:

@@ -91,6 +91,25 @@ class Teardown:
             return status, "meter_stop", f"the meter of {self.host} is stopped by hand: follow the steps below"
         return status, None, ""
 
+    def provider_state(self) -> str:
+        """The box did not answer: what the provider says of its instance, read-only (a stopped pod no longer
+        answers SSH, so a teardown run again after a meter-stop meets exactly this)."""
+        verb = self.settings.verb
+        if verb is None or not verb.command or self.check_mode:
+            return ""
+        plan = meter.plan_for(verb, timeout_s=0, poll_interval_s=1, command_timeout_s=COMMAND_TIMEOUT_S)
+        poll = meter.poll_status(plan, meter.subprocess_runner)
+        stopped = poll.final or poll.gone
+        said = poll.error or (
+            "nothing bills"
+            if poll.gone
+            else "stopped: only its storage may bill"
+            if stopped
+            else "not stopped: it may bill"
+        )
+        self.record["meter_stop"] = {"state": "box_unreachable", "provider_state": poll.label, "stopped": stopped}
+        return f"the provider says instance {self.settings['instance_id']} is {poll.label} ({said})"
+
     # ---- the gate --------------------------------------------------------------------------------------------
 
     def gate_args(self) -> Dict[str, Any]:

@@ -3,6 +3,7 @@ the fake one (tests/workload/fake_provider.py) and the templates go through Ansi
 
 from __future__ import annotations
 
+import subprocess
 from typing import Any, Callable, Dict, List, Optional
 
 import pytest
@@ -265,3 +266,17 @@ def test_a_failed_load_check_keeps_what_the_command_said() -> None:
         flow.load_verify()
     assert stopped.value.step == "load_verify" and "invalid load key" in stopped.value.reason
     assert flow.record["load_verify"]["failed"][0]["output_tail"].endswith("invalid load key, '\\x00'.")
+
+
+def test_an_unreachable_box_is_told_with_what_the_provider_says_of_its_instance(pod: Provider) -> None:
+    # A teardown run again after a meter-stop finds the pod stopped and its box silent: say so, read-only.
+    flow = teardown(FakeAction({}))
+    assert flow.provider_state() == "the provider says instance pod-1 is RUNNING (not stopped: it may bill)"
+    assert ["runpodctl", "pod", "stop", "pod-1"] not in pod.calls()
+    assert flow.record["meter_stop"] == {"state": "box_unreachable", "provider_state": "RUNNING", "stopped": False}
+    subprocess.run(["runpodctl", "pod", "stop", "pod-1"], check=True, capture_output=True)
+    assert flow.provider_state() == "the provider says instance pod-1 is EXITED (stopped: only its storage may bill)"
+
+
+def test_an_unreachable_box_in_check_mode_calls_nothing(pod: Provider) -> None:
+    assert teardown(FakeAction({}, check_mode=True)).provider_state() == "" and pod.calls() == []
