@@ -18,7 +18,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs im
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _teardown_instance
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._run_scratch import run_scratch
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._teardown_gate import teardown_gate
-from ansible_collections.remote_gpu.trainer.tests.workload.harness import make_run, start_runner, train
+from ansible_collections.remote_gpu.trainer.tests.workload.harness import kill_session, make_run, start_runner, train
 
 CELL = [{"name": "a", "command": train("--ckpt-kib", "8")}]
 
@@ -222,16 +222,50 @@ def test_durable_dir_on_another_device_passes_and_both_devices_are_reported(box,
     assert facts["same_device"] is False and facts["durable_dev"] == facts["data_dev"] + 1
 
 
-def test_a_real_second_filesystem_passes(tmp_path):
+def test_the_gate_judges_the_real_devices(tmp_path):
+    # /dev/shm is a tmpfs of its own on Linux hosts and containers; whatever it is here, the verdict follows st_dev.
     shm = Path("/dev/shm")
-    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
-        pytest.skip("/dev/shm is not a filesystem of its own here")
     durable = Path(tempfile.mkdtemp(dir=shm))
+    same = os.stat(shm).st_dev == os.stat(tmp_path).st_dev
     try:
         run_dir = make_run(tmp_path, CELL, name="r1", artifacts=["best.pth"], durable_dir=str(durable))
         assert start_runner(run_dir).wait(timeout=60) == 0
         result = gate(tmp_path, durable_dir=str(durable), instance=True, irreversible=True)
-        assert result["passed"], result["reason"]
-        assert result["instance"]["same_device"] is False
+        assert result["instance"]["same_device"] is same
+        assert result["passed"] is not same and (result["step"] == "same_filesystem") is same, result["reason"]
     finally:
         shutil.rmtree(durable, ignore_errors=True)
+
+
+def test_packed_cells_one_hung_one_failed_are_judged_per_cell(tmp_path):
+    # Four cells two at a time on two GPUs: c0 hangs, c1 fails, c2 and c3 finish. A second run r2 shares the box.
+    commands = [train("--hang"), train("--exit", "3"), train("--ckpt-kib", "4"), train("--ckpt-kib", "4")]
+    cells = [{"name": f"c{index}", "command": command} for index, command in enumerate(commands)]
+    run_dir = make_run(tmp_path, cells, name="r1", artifacts=["best.pth"], gpus=[0, 1], gpus_per_cell=1)
+    r2 = make_run(tmp_path, CELL, name="r2", artifacts=["best.pth"])
+    assert start_runner(r2).wait(timeout=60) == 0
+    runner = start_runner(run_dir)
+    try:
+        deadline = time.monotonic() + 30
+        while not all((run_dir / "cells" / f"c{i}" / "result.json").exists() for i in (1, 2, 3)):
+            assert time.monotonic() < deadline, "the three cells that end did not end"
+            time.sleep(0.1)
+        alive = gate(tmp_path, runs=["r1", "r2"], instance=True)
+        assert (alive["step"], alive["passed"]) == ("run_alive", False)  # c0 still holds its GPU
+    finally:
+        kill_session(runner.pid)  # the runner and its cells, each in a process group of its own
+        runner.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while gate(tmp_path, runs=["r1", "r2"], instance=True)["step"] == "run_alive":
+        assert time.monotonic() < deadline, "the killed cells did not go"
+        time.sleep(0.1)
+    # c0 killed: not done, and c1 failed: each named; accepting both lets the box go with r2 secured too.
+    refused = gate(tmp_path, runs=["r1", "r2"], instance=True)
+    assert refused["step"] == "cells" and "c0 (" in refused["reason"] and "c1 (failed, exit 3)" in refused["reason"]
+    accepted = gate(tmp_path, runs=["r1", "r2"], instance=True, accept_incomplete_cells=["c0", "c1"])
+    assert accepted["passed"], accepted["reason"]
+    done = {
+        entry["run"]["name"]: sorted(cell["name"] for cell in entry["cells"] if cell["done"])
+        for entry in accepted["runs"]
+    }
+    assert done == {"r1": ["c2", "c3"], "r2": ["a"]}
