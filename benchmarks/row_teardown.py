@@ -227,6 +227,8 @@ class Side:
         self.env = {key: value for key, value in os.environ.items() if not key.startswith("ANSIBLE_")}
         self.env.update(
             ANSIBLE_CONFIG=str(CONFIG), ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_NOCOLOR="1",
+            # The "before" collection has no stage_lines callback; both sides print the same default output.
+            ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
             ANSIBLE_CALLBACK_PLUGINS=str(callbacks), ANSIBLE_CALLBACKS_ENABLED="rgt_task_counts",
             PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_PROVIDER_STATE=str(self.state),
             FAKE_PROVIDER_CALLS=str(self.calls),

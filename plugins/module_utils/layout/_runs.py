@@ -24,6 +24,10 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._deadlin
 MAX_REGISTERED_RUNS = 1000
 # Under <data_dir>/runs; a leading dot keeps it out of every run name (NAME_PATTERN).
 TOMBSTONE_DIR = ".torn_down"
+# Runs retired by run_archive, each moved whole to <run>-<UTC stamp> (its record beside it as <run>-<stamp>.json).
+ARCHIVE_DIR = ".archive"
+ARCHIVE_STAMP = "%Y%m%dT%H%M%SZ"
+ARCHIVED_PATTERN = re.compile(r"^(?P<run>[A-Za-z0-9][A-Za-z0-9_.-]{0,63})-(?P<stamp>\d{8}T\d{6}Z)$")
 # The durable copy of a run: its manifest, the lock taken while writing it, and the launch that owns it.
 MANIFEST_NAME = "MANIFEST.sha256"
 MANIFEST_LOCK = f".{MANIFEST_NAME}.lock"
@@ -102,9 +106,47 @@ def durable_run_dir(durable_dir: str, run: str) -> str:
     return os.path.join(durable_dir, "runs", _checked_name("run", run))
 
 
+@dataclass(frozen=True)
+class Archived:
+    """A run moved aside by run_archive: ``<data_dir>/runs/.archive/<entry>``, ``entry`` = ``<run>-<stamp>``."""
+
+    run: str
+    entry: str
+    path: str
+    stamp: str
+
+
+def archive_root(data_dir: str) -> str:
+    """``<data_dir>/runs/.archive``: on the runs' filesystem, so archiving is a rename, never a copy."""
+    return os.path.join(runs_root(data_dir), ARCHIVE_DIR)
+
+
+def archive_path(data_dir: str, run: str, stamp: str) -> str:
+    return os.path.join(archive_root(data_dir), f"{_checked_name('run', run)}-{stamp}")
+
+
+def archive_record(path: str) -> str:
+    """The JSON record beside an archived run (who moved it, from where, why): ``<entry>.json``."""
+    return f"{path}.json"
+
+
+def list_archived(data_dir: str) -> List[Archived]:
+    """Every archived run, sorted by run then stamp (oldest first); OSError when the archive cannot be read."""
+    root = archive_root(data_dir)
+    if not os.path.isdir(root) or os.path.islink(root):
+        return []
+    found = []
+    for entry in os.scandir(root):
+        match = ARCHIVED_PATTERN.match(entry.name)
+        if match and entry.is_dir():  # an archived link to a run directory is archived too
+            found.append(Archived(match["run"], entry.name, entry.path, match["stamp"]))
+    return sorted(found, key=lambda archived: (archived.run, archived.stamp))
+
+
 def list_runs(data_dir: str) -> List[str]:
     """The runs on a box, sorted: each directory under ``<data_dir>/runs`` with a valid name, and each run known
-    only by its tombstone (scratch already removed). At most MAX_REGISTERED_RUNS; OSError when unreadable."""
+    only by its tombstone (scratch already removed); never an archived run (:func:`list_archived`). At most
+    MAX_REGISTERED_RUNS; OSError when unreadable."""
     root = runs_root(data_dir)
     if not os.path.lexists(root):
         return []

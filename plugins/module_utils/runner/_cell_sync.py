@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.box._disk import probe_usage
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._files import fsync_directory
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import (
     LAUNCH_RECORD,
     MANIFEST_LOCK,
@@ -147,14 +148,6 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def hash_file(path: str, drop_cache: bool = False) -> Tuple[int, str]:
     """(size, sha256) of the file as read now; ``drop_cache`` first asks the kernel to forget its cached pages,
     so the read comes from the device rather than from the memory the copy was written from."""
@@ -201,7 +194,7 @@ def copy_verified(source: str, destination: str, stopped: Callable[[], bool]) ->
             if os.path.lexists(temporary):
                 os.unlink(temporary)
             raise
-    _fsync_directory(directory)
+    fsync_directory(directory)
     copy_size, copy_sha256 = hash_file(destination, drop_cache=True)
     if (copy_size, copy_sha256) != (size, digest.hexdigest()):
         raise SyncError(
@@ -300,7 +293,7 @@ def update_manifest(durable_run: str, cell: str, artifacts: Sequence[Dict[str, o
                 if os.path.lexists(temporary):
                     os.unlink(temporary)
                 raise
-            _fsync_directory(durable_run)
+            fsync_directory(durable_run)
             missing = set(ours) - set(_manifest_lines(manifest))
             if missing:
                 raise SyncError(f"{manifest} does not hold the lines just written")

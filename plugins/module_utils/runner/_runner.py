@@ -82,7 +82,7 @@ PACKAGE = "ansible_collections.remote_gpu.trainer.plugins.module_utils"
 # <run>/runner/ansible_collections/... (a test runs the runner from a tree holding only them).
 RUNNER_MODULES = (
     "runner/_runner.py", "runner/_cell_exec.py", "runner/_cell_sync.py", "runner/_monitor.py", "layout/_runspec.py",
-    "layout/_runs.py", "box/_disk.py", "common/_deadline.py", "box/_cgroup.py",
+    "layout/_runs.py", "box/_disk.py", "common/_deadline.py", "box/_cgroup.py", "common/_files.py",
 )  # fmt: skip
 RUN_PY = f'''#!/usr/bin/env python3
 """The runner of one training run, installed by remote_gpu.trainer.training_run: run.py <run_dir>."""

@@ -4,9 +4,10 @@
 
 A meter-stop acts on the whole box, so before one the gate asks: is this the box the controller means (its own
 id, read on the box), which other runs live on it and what would each lose, which processes still carry a run's
-marker, and do data_dir and durable_dir share a filesystem (an irreversible verb then destroys both). Every read
-of data_dir or durable_dir happens in a forked child under a deadline (a hung mount fails, not hangs). Pure
-standard library, Linux ``/proc``.
+marker, and do data_dir and durable_dir share a filesystem (an irreversible verb then destroys both). An archived
+run (``run_archive``, under ``<data_dir>/runs/.archive/``) is a run on the box too: it may hold the only results, and
+the meter-stop takes it with the rest. Every read of data_dir or durable_dir happens in a forked child under a
+deadline (a hung mount fails, not hangs). Pure standard library, Linux ``/proc``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs im
     NAME_PATTERN,
     RUN_MARKER,
     durable_run_dir,
+    list_archived,
     run_dir,
     runs_root,
     tombstone_path,
@@ -221,13 +223,14 @@ def other_runs(
     runs = sorted(set(names) | {run for run in by_run if NAME_PATTERN.match(run)})
     probes = {run: functools.partial(survey_run, data_dir, durable_dir, run) for run in runs}
     answers = run_with_deadline(probes, PROBE_TIMEOUT_S) if probes else {}
-    entries, refusals = [], []
+    entries: List[Dict[str, Any]] = []
+    refusals: List[str] = []
     for run in runs:
         answer = answers[run]
         entry = answer.get("value") or {"name": run, "state": "unknown", "cells": 0, "bytes": 0, "durable_files": 0}
         if "value" not in answer:
             entry["problem"] = answer.get("error") or f"did not answer within {PROBE_TIMEOUT_S:g} s (a hung mount?)"
-        entry["pids"] = by_run.get(run, [])
+        entry.update(pids=by_run.get(run, []), archived=None)
         if entry["pids"]:
             entry["state"] = "running"
         entry.update(torn_down=entry["state"] == "torn_down", abandoned=run in abandon, would_lose=would_lose(entry))
@@ -235,6 +238,43 @@ def other_runs(
         if not entry["torn_down"] and not entry["abandoned"]:
             why = entry.get("problem") or STATE_WORDS[entry["state"]]
             refusals.append(f"run {run}: {why}, would lose {entry['would_lose']}")
+    return entries, refusals
+
+
+def _label(entry: Mapping[str, Any]) -> str:
+    return f"{entry['name']} (as .archive/{entry['archived']})" if entry.get("archived") else entry["name"]
+
+
+def survey_archived(data_dir: str, durable_dir: Optional[str]) -> List[Dict[str, Any]]:
+    """Each archived run and what a meter-stop would cost it (run in a child: the archive is on data_dir)."""
+    entries = []
+    for archived in list_archived(data_dir):
+        entry: Dict[str, Any] = {"name": archived.run, "state": "archived", "archived": archived.entry}
+        linked = os.path.islink(archived.path)  # an archived link: its target is not the archive's to count
+        entry["cells"], entry["bytes"] = (0, 0) if linked else _scratch_size(archived.path)
+        manifest = os.path.join(durable_run_dir(durable_dir, archived.run), MANIFEST_NAME) if durable_dir else ""
+        entry["durable_files"] = _manifest_lines(manifest) if manifest else 0
+        entries.append(entry)
+    return entries
+
+
+def archived_runs(
+    data_dir: str, durable_dir: Optional[str], abandon: Sequence[str]
+) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """Like :func:`other_runs` for the archived runs: whether the run is torn down by this teardown or not, its
+    archived copy stays until the meter-stop. ``abandon_runs`` takes the run's name or the archive entry's."""
+    answer = run_with_deadline({"archive": functools.partial(survey_archived, data_dir, durable_dir)}, PROBE_TIMEOUT_S)
+    if "value" not in answer["archive"]:
+        why = answer["archive"].get("error") or f"did not answer within {PROBE_TIMEOUT_S:g} s (a hung mount?)"
+        return [], [f"archived runs under {data_dir}: {why}"]
+    entries, refusals = [], []
+    for entry in answer["archive"]["value"]:
+        abandoned = entry["name"] in abandon or entry["archived"] in abandon
+        entry.update(pids=[], torn_down=False, abandoned=abandoned)
+        entry["would_lose"] = would_lose(entry)
+        entries.append(entry)
+        if not abandoned:
+            refusals.append(f"run {_label(entry)}: archived, would lose {entry['would_lose']}")
     return entries, refusals
 
 
@@ -271,10 +311,12 @@ def judge_instance(
     markers = [proc for proc in marker_processes(data_dir) if proc["run"] not in runs]
     others = [name for name in on_box if name not in runs]
     entries, refusals = other_runs(data_dir, durable_dir, others, markers, abandon)
-    seen = {entry["name"] for entry in entries}
+    archived, archived_refusals = archived_runs(data_dir, durable_dir, abandon)
+    entries, refusals = entries + archived, refusals + archived_refusals
+    seen = {entry["name"] for entry in entries} | {entry["archived"] for entry in archived}
     notes = [f"abandon_runs names {name}, which is not on the box" for name in abandon if name not in seen]
     facts.update(other_runs=entries, live_marker_pids=[proc["pid"] for proc in markers])
-    notes += [f"run {e['name']} is abandoned: it loses {e['would_lose']}" for e in entries if e["abandoned"]]
+    notes += [f"run {_label(e)} is abandoned: it loses {e['would_lose']}" for e in entries if e["abandoned"]]
     if refusals:
         failures.append(("other_runs", f"{'; '.join(refusals)} (tear it down too, or name it in abandon_runs)"))
     if durable_dir is None:

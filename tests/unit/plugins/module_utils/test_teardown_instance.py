@@ -14,7 +14,8 @@ from typing import Any, Dict
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import list_runs
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._archive import archive_runs
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import list_archived, list_runs
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _teardown_instance
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._run_scratch import run_scratch
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._teardown_gate import teardown_gate
@@ -108,6 +109,33 @@ def test_a_run_torn_down_earlier_does_not_refuse(box):
     assert result["passed"], result["reason"]
     (other,) = result["instance"]["other_runs"]
     assert (other["state"], other["torn_down"], other["would_lose"]) == ("torn_down", True, "nothing")
+
+
+def test_an_archived_finished_run_not_pulled_still_blocks_a_meter_stop(box):
+    # Archiving retires a run from patrol, not from the instance: its scratch and durable copy go with the meter.
+    archived = archive_runs({"data_dir": str(box / "data"), "run": "r2"}, check_mode=False)
+    assert archived["runs"][0]["state"] == "archived" and list_runs(str(box / "data")) == ["r1"]
+    (entry,) = list_archived(str(box / "data"))
+    result = gate(box, instance=True)
+    assert (result["passed"], result["step"]) == (False, "other_runs")
+    assert result["reason"].startswith(
+        f"run r2 (as .archive/{entry.entry}): archived, would lose the scratch of 1 cell ("
+    )
+    assert "1 durable file not pulled" in result["reason"] and "abandon_runs" in result["reason"]
+    (other,) = result["instance"]["other_runs"]
+    assert (other["name"], other["state"], other["archived"], other["abandoned"]) == (
+        "r2",
+        "archived",
+        entry.entry,
+        False,
+    )
+    # Dropped for good only by name: the run's or the archive entry's.
+    for name in ("r2", entry.entry):
+        dropped = gate(box, instance=True, abandon_runs=[name])
+        assert dropped["passed"], dropped["reason"]
+        assert any(note.startswith(f"run r2 (as .archive/{entry.entry}) is abandoned: ") for note in dropped["notes"])
+    # Without a meter-stop only the named runs are judged, as before.
+    assert gate(box)["passed"]
 
 
 def test_no_runs_named_judges_every_run_on_the_box(box):
