@@ -14,27 +14,27 @@ from typing import Any, Dict, List, Mapping, Optional
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_lines as patrol_lines
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_lines as teardown_lines
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._patrol_notify import notify
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._report import write_report
 
 SPEC = {
-    "stage": {"type": "str", "required": True, "choices": ["teardown"]},
+    "stage": {"type": "str", "required": True, "choices": ["teardown", "patrol"]},
     "result_var": {"type": "str", "required": True},
     "report_dir": {"type": "str", "default": "reports"},
+    "notify": {
+        "type": "dict",
+        "options": {
+            "webhook_url": {"type": "str", "default": "", "no_log": True},
+            "timeout_s": {"type": "float", "default": 10},
+            "state_file": {"type": "str", "default": ""},
+        },
+    },
 }
-# What a report keeps of a record: never the module's invocation or raw provider output.
-RECORD_KEYS = (
-    "host", "status", "step", "reason", "line", "runs", "check_mode", "platform", "stop_meter", "verb", "irreversible",
-    "instance_id", "confirmed", "gate", "stop_running", "pull", "load_verify", "scratch", "meter_stop", "warnings",
-    "data_loss_clocks", "changed",
-)  # fmt: skip
-FORMATTERS = {"teardown": teardown_lines}
-
-
-def _no_record(host: str) -> Dict[str, Any]:
-    reason = "no teardown record: the host failed before its teardown step ran (see its task error above)"
-    record = {"host": host, "status": "REFUSED", "step": "validate", "reason": reason, "runs": ["?"]}
-    return dict(record, line=teardown_lines.line(record))
+# Per stage, its words (STATUSES, lines, summary, no_record) and what a report keeps of a record: never the
+# module's invocation or raw provider output.
+FORMATTERS = {"teardown": teardown_lines, "patrol": patrol_lines}
 
 
 class ActionModule(ActionBase):
@@ -54,7 +54,8 @@ class ActionModule(ActionBase):
         for host in task_vars.get("ansible_play_hosts_all") or []:
             found = (hostvars.get(host) or {}).get(args["result_var"])
             ok = isinstance(found, Mapping) and found.get("status") in formatter.STATUSES
-            records.append({key: found.get(key) for key in RECORD_KEYS if key in found} if ok else _no_record(host))
+            kept = {key: found.get(key) for key in formatter.RECORD_KEYS if key in found} if ok else None
+            records.append(kept or formatter.no_record(host))
         summary = formatter.summary(records)
         shown = [text for record in records for text in formatter.lines(record)] + [f"SUMMARY: {summary['line']}"]
         document = {
@@ -64,6 +65,9 @@ class ActionModule(ActionBase):
             "summary": summary,
             "hosts": records,
         }
+        # A report that cannot be written must not cost the notifications: they are sent first.
+        if args["notify"] is not None:
+            shown += notify(records, args["notify"], args["report_dir"], document["generated_at"], self._task.check_mode)
         try:
             path = write_report(args["report_dir"], args["stage"], document)
         except OSError as error:

@@ -13,16 +13,22 @@ SPEC = {
     "result": {"type": "raw", "required": True},
     "failing": {"type": "list", "elements": "str", "default": ["UNCONFIRMED", "STOP_BY_HAND", "REFUSED", "FAILED"]},
     "fleet_var": {"type": "str"},
+    "escalated_fails": {"type": "bool", "default": False},
 }
 
 
-def _fleet_failing(task_vars: Dict[str, Any], fleet_var: str, failing: List[str]) -> bool:
+def _fails(record: Any, failing: List[str], escalated_fails: bool) -> bool:
+    if not isinstance(record, Mapping) or record.get("status") == "UNREACHABLE":
+        return False
+    return record.get("status") in failing or (escalated_fails and record.get("escalate") is True)
+
+
+def _fleet_failing(task_vars: Dict[str, Any], fleet_var: str, failing: List[str], escalated_fails: bool) -> bool:
     hostvars = task_vars.get("hostvars") or {}
-    for host in task_vars.get("ansible_play_hosts_all") or []:
-        record = (hostvars.get(host) or {}).get(fleet_var)
-        if isinstance(record, Mapping) and record.get("status") in failing:
-            return True
-    return False
+    return any(
+        _fails((hostvars.get(host) or {}).get(fleet_var), failing, escalated_fails)
+        for host in task_vars.get("ansible_play_hosts_all") or []
+    )
 
 
 class ActionModule(ActionBase):
@@ -39,12 +45,13 @@ class ActionModule(ActionBase):
             return dict(result, failed=True, msg="stage_verdict: result holds no stage record (the stage did not run)")
         line = str(record.get("line") or record["status"])
         failing = validated.validated_parameters["failing"]
+        escalated_fails = validated.validated_parameters["escalated_fails"]
         if record["status"] == "UNREACHABLE":
             # ansible-playbook reports 4 over 2: when another box failed, this one fails too, so the exit code is 2.
             fleet_var = validated.validated_parameters["fleet_var"]
-            if fleet_var and _fleet_failing(task_vars or {}, fleet_var, failing):
+            if fleet_var and _fleet_failing(task_vars or {}, fleet_var, failing, escalated_fails):
                 return dict(result, failed=True, msg=line)
             return dict(result, unreachable=True, msg=line)
-        if record["status"] in failing:
+        if _fails(record, failing, escalated_fails):
             return dict(result, failed=True, msg=line)
         return dict(result, changed=False, msg=line)

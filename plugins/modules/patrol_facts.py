@@ -27,17 +27,41 @@ description:
     the container's memory from the run's C(monitor.jsonl) (current, limit, peak over the recent samples).
   - B(Deadlines.) The probes run in three rounds of child processes, each under O(timeout_s), so a hung network
     mount or a hung driver becomes a reason, never a hung patrol.
+  - B(Cells.) Each cell is judged on its own evidence, its state one of C(pending) (not started), C(running),
+    C(stalled), C(failed) (its command ended non-zero or by a signal), C(crashed) (started, no result, and
+    nothing of it alive, so it died with its runner), C(done) (succeeded, outputs secured) and C(sync_failed)
+    (exited 0 but its copy to the durable directory failed). A cell runs while a process of it lives (its
+    environment carries the runner's C(RGT_RUN_DIR) and C(RGT_CELL)) or its live runner says it started it.
+  - A running cell is C(stalled) when its own log has not grown for O(stall_after_s) (timed by the ticks' clock,
+    never by file mtimes) and its own GPUs (C(run.json)'s C(cells[].gpus), else the run's) are not busy in the
+    newest C(monitor.jsonl) sample, or when its GPUs were at or below O(gpu_idle_pct) in the newest
+    O(gpu_idle_samples) samples; a silent cell whose GPUs are busy is "silent, GPUs busy", not stalled. Whatever
+    its siblings do. Escalated as C(stalled:<run>/<cell>), action C(investigate), the reason naming the cell.
+  - Progress and ETA come from live cells only; a run's ETA schedules its running cells' own ETAs and its pending
+    cells on the run's slots (C(gpus) / C(gpus_per_cell), C(max_parallel)); a run with a stalled cell has none.
   - B(Decision table), for each run (the box takes the worst, in the order C(unknown), C(crashed), C(incomplete),
-    C(stalled), C(disk_pressure), C(running), C(done), C(idle)).
-  - C(running) - the runner is alive and its cells' logs grew within O(stall_after_s). Not escalated.
-  - C(stalled) - alive, but no log grew for O(stall_after_s), or every GPU was at or below O(gpu_idle_pct)
-    utilization in the newest O(gpu_idle_samples) monitor samples. Escalated, action C(investigate).
-  - NaN or Inf loss in a live run's log - the state stays, escalated with that reason, action C(investigate).
+    C(stalled), C(runner_gone), C(sync_failed), C(disk_pressure), C(running), C(done), C(idle)).
+  - C(running) - the runner is alive and no cell is stalled. Not escalated by itself.
+  - C(stalled) - the runner (or a cell outliving it) is alive and a cell is stalled.
+  - A cell that failed in a live run escalates C(cell_failed:<run>/<cell>) with its exception line and the retries
+    left, action C(investigate); the run goes on with its other cells.
+  - A crash signature C(disk_full) ("No space left on device") in an unfinished cell's log escalates
+    C(disk_full:<run>/<cell>), action C(free_disk), during the run and after it.
+  - A NaN or Inf loss seen once escalates C(nan_loss:<run>/<cell>), action C(investigate), also after the run ended
+    (a run DONE with NaN stays flagged). A log deleted, truncated or replaced escalates C(log_lost:<run>/<cell>).
+  - C(runner_gone) - the runner is dead but a cell of it is still alive. Escalated C(runner_gone:<run>), action
+    C(investigate), the advice being to let it finish, or stop it (a relaunch would stop the healthy training).
+  - C(sync_failed) - the runner is gone and every cell not done exited 0 but its sync failed. Each such cell
+    escalates C(sync_failed:<run>/<cell>) with its cause, action C(free_disk) when it is out of space, else
+    C(investigate); never C(restart_job).
   - C(done) - not alive, C(DONE) written and every cell done (succeeded and its outputs secured). Not escalated.
   - C(crashed) - not alive, cells not done, and a crash signature (or exit 137 / SIGKILL) in an unfinished cell's
     log explains it. Escalated, action C(restart_job); the reasons name the cell, the signature and its line.
   - C(incomplete) - not alive and cells not done, with nothing in the logs to explain it (the box was
     restarted, the runner was killed). Escalated, action C(restart_job).
+  - B(Many runs.) Over 100 runs, every run without C(DONE) is patrolled and the finished ones are dropped first
+    (oldest C(DONE) first), counted in RV(runs_skipped). Runs archived under C(<data_dir>/runs/.archive) are not
+    patrolled, only counted in RV(runs_archived).
   - C(disk_pressure) - bytes or inodes used on the data or a durable filesystem at or over
     O(disk_pressure_pct). Escalated, action C(free_disk).
   - C(unknown) - the runs directory or a run's C(run.json) could not be read, or a probe did not answer in time.
@@ -45,11 +69,14 @@ description:
   - C(idle) - no run on the box. Not escalated.
   - Xid findings of level FAIL since the run started escalate whatever the state, with their own action
     (C(gpu_lost) and hardware Xids C(re_rent)).
-  - Each escalation has a stable id in RV(problems) (C(crashed:<run>), C(stalled:<run>), C(disk_pressure:data),
-    C(gpu_lost:0), ...) that stays the same while the condition lasts, so a controller can notify once per new
-    problem.
+  - Each escalation has a stable id in RV(problems) (C(crashed:<run>), C(stalled:<run>/<cell>),
+    C(disk_pressure:data), C(gpu_lost:0), ...) that stays the same while the condition lasts, so a controller can
+    notify once per new problem. Every id about a run starts with C(<kind>:<run>).
+  - Runs under the box's base Python; the runtime venv (O(venv)) lives under the data directory, which may hang,
+    so only the GPU probe's child adds its site-packages for C(pynvml), and a hung data directory costs the probes
+    a reason naming it, never the tick.
   - Strictly read-only on the runs; it writes only its own cursors, and nothing in check mode.
-  - Needs only the Python standard library; NVML through C(nvidia-ml-py) when the box's Python has it.
+  - Needs only the Python standard library; NVML through C(nvidia-ml-py) when the base Python or O(venv) has it.
 options:
   data_dir:
     description:
@@ -61,6 +88,8 @@ options:
     description:
       - Patrol only this run. Default, every run under C(<data_dir>/runs/).
       - A run name, letters, digits, C(_), C(.) and C(-), at most 64 characters.
+      - A run that is not on the box fails the module with one line naming it and the closest run there (or where
+        it was archived).
     type: str
   durable_dir:
     description:
@@ -133,6 +162,12 @@ options:
       - Deadline of each of the three probe rounds in seconds, above 0 and at most 600.
     type: float
     default: 10
+  venv:
+    description:
+      - The runtime venv whose C(lib/python*/site-packages) the GPU probe's child adds for C(pynvml) (read only
+        there, under the deadline). Default, C(<data_dir>/.remote_gpu_trainer/venv).
+      - When given, must be a non-empty path.
+    type: path
 extends_documentation_fragment:
   - remote_gpu.trainer.attributes
 attributes:
@@ -177,7 +212,7 @@ state:
   description: The box's state, the worst among its runs and probes (see the decision table).
   returned: always
   type: str
-  choices: [running, stalled, crashed, incomplete, done, idle, disk_pressure, unknown]
+  choices: [running, stalled, crashed, incomplete, runner_gone, sync_failed, done, idle, disk_pressure, unknown]
   sample: running
 escalate:
   description: Whether a human or automation must act.
@@ -193,11 +228,16 @@ reasons:
     - "sweep: the runner is gone with 1 of 3 cells not done (c)"
     - "sweep/c: cuda_oom (torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB)"
 problems:
-  description: Stable ids of the escalated conditions (C(crashed:<run>), C(stalled:<run>), C(disk_pressure:data), ...).
+  description:
+    - Stable ids of the escalated conditions. About a run, C(<kind>:<run>) or C(<kind>:<run>/<cell>) -
+      C(crashed:<run>), C(incomplete:<run>), C(runner_gone:<run>), C(unreadable:<run>), C(stalled:<run>/<cell>),
+      C(cell_failed:<run>/<cell>), C(sync_failed:<run>/<cell>), C(disk_full:<run>/<cell>), C(nan_loss:<run>/<cell>),
+      C(log_lost:<run>/<cell>). About the box, C(disk_pressure:data), C(disk_pressure:durable),
+      C(probe_failed:<probe>) and the Xid codes with their GPU (C(gpu_lost:0), ...).
   returned: always
   type: list
   elements: str
-  sample: ["crashed:sweep"]
+  sample: ["crashed:sweep", "stalled:sweep/c"]
 actions:
   description: What to do, from the findings vocabulary (C(re_rent), C(free_disk), C(restart_job), C(investigate)).
   returned: always
@@ -210,8 +250,40 @@ run:
   returned: always
   type: str
   sample: sweep
+headline:
+  description:
+    - 'One line naming the run the box''s state comes from, with that run''s own cells
+      (C(CRASHED run alpha: 1/3 cells done)), or how many runs need attention
+      (C(2 runs need attention: alpha crashed, beta stalled)), or the box''s own trouble, or
+      C(IDLE: no run on this box).'
+  returned: always
+  type: str
+  sample: "STALLED run sweep: 1/3 cells done"
+examined_runs:
+  description: The runs patrolled by this call (a problem of a run not in it was not examined, not cleared).
+  returned: always
+  type: list
+  elements: str
+  sample: [sweep]
+runs_skipped:
+  description: Finished runs not patrolled because the box holds more than 100 runs (unfinished ones never are).
+  returned: always
+  type: int
+  sample: 0
+runs_archived:
+  description: Runs archived under C(<data_dir>/runs/.archive) (not patrolled).
+  returned: always
+  type: int
+  sample: 2
+run_filter:
+  description: The O(run) option, or null when every run was patrolled.
+  returned: always
+  type: str
+  sample: sweep
 alive:
-  description: Live processes of the patrolled runs (runners and their jobs).
+  description:
+    - Live processes of the patrolled runs (runners and their jobs); for a run whose runner is gone, its cells still
+      alive.
   returned: always
   type: int
   sample: 3
@@ -233,12 +305,14 @@ progress:
   type: dict
   sample: {epoch: 3, epochs_total: 20, step: 120, steps_total: 500, line: "epoch 3/20 step 120/500 loss 0.41"}
 eta_s:
-  description: Seconds left, estimated from the progress totals and the run's time so far; null without totals.
+  description:
+    - Seconds left for RV(run), from its running cells' own ETAs and its pending cells on its free slots; null
+      without progress totals, or when a cell of it is stalled.
   returned: always
   type: int
   sample: 5400
 log_idle_s:
-  description: Seconds since the run's logs last grew, or null.
+  description: Seconds since a cell log of RV(run) last grew, on the ticks' clock, or null.
   returned: always
   type: float
   sample: 12.5
@@ -293,15 +367,22 @@ xids:
   elements: dict
 runs:
   description:
-    - Per run C(run), C(state), C(escalate), C(reasons), C(problems), C(actions), C(alive), C(started_at),
-      C(cells_done), C(cells_total), C(progress), C(eta_s), C(log_idle_s), C(current_cell) and C(cells).
-    - Per cell C(name), C(status), C(exit_code), C(signal), C(sync), C(done), C(log_bytes), C(log_error),
-      C(crash_signatures) and C(progress).
+    - 'Per run C(run), C(state) (a state of the decision table), C(escalate), C(reasons), C(problems), C(actions),
+      C(alive), C(started_at), C(cells_done), C(cells_total), C(progress) (the first live cell''s, else the last
+      done cell''s), C(eta_s) (null when a cell is stalled), C(log_idle_s), C(current_cell), C(summary) (one compact
+      line, C(alpha: stalled, 2/4 done, 1 running 37%, 1 stalled (c))) and C(cells).'
+    - Per cell C(name), C(state) (C(pending), C(running), C(stalled), C(failed), C(crashed), C(done),
+      C(sync_failed)), C(status), C(exit_code), C(signal), C(sync), C(sync_error) (the result's cause, or null),
+      C(done), C(attempts), C(retries_left), C(gpus) (its GPU indices, null for all), C(alive) (a process of it
+      lives), C(log_bytes), C(log_error), C(log_idle_s) (ticks' clock), C(silent_gpus_busy), C(progress),
+      C(progress_fraction) (0 to 1, live cells only), C(eta_s), C(lost) (why its log is lost, or null),
+      C(crash_signatures), C(exception) (the line that says why it failed, or null) and C(nan_seen).
   returned: always
   type: list
   elements: dict
 msg:
-  description: One line, C(<state>) with the run, its cells done and the first reason.
+  description: One line, C(<state>) with the run the state comes from (its own cells done) or the headline, and the
+    first reason.
   returned: always
   type: str
   sample: "running: run sweep, 1/3 cells done"
@@ -315,7 +396,7 @@ ansible_facts:
       type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._options import Between, NonEmpty, check_options
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import NAME_PATTERN
@@ -323,8 +404,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._log_sca
     compile_progress,
     compile_signatures,
 )
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._patrol import patrol
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner import _monitor
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._patrol import PatrolError, patrol
 
 ARGUMENT_SPEC = {
     "data_dir": {"type": "path", "required": True},
@@ -345,6 +425,7 @@ ARGUMENT_SPEC = {
     "progress_regex": {"type": "str"},
     "max_scan_bytes": {"type": "int", "default": 64 * 2**20},
     "timeout_s": {"type": "float", "default": 10.0},
+    "venv": {"type": "path"},
 }
 # What the argument spec cannot check; the DOCUMENTATION of each option states its rule.
 OPTION_BOUNDS = {
@@ -356,6 +437,7 @@ OPTION_BOUNDS = {
     "disk_pressure_pct": Between(0, 100, above_low=True),
     "max_scan_bytes": Between(65536, 2**30),
     "timeout_s": Between(0, 600, above_low=True),
+    "venv": NonEmpty(),
 }
 
 
@@ -365,10 +447,6 @@ def main() -> None:
     params = module.params
     if params["run"] is not None and not NAME_PATTERN.match(params["run"]):
         module.fail_json(msg=f"run must match {NAME_PATTERN.pattern} (a run name), got {params['run']!r}")
-    if params["gpu_backend"] == "nvml" and _monitor.pynvml is None:
-        module.fail_json(
-            msg=missing_required_lib("nvidia-ml-py", reason="for gpu_backend=nvml (or use gpu_backend=auto)")
-        )
     try:
         scanning = {
             "signatures": compile_signatures(params["crash_patterns"]),
@@ -377,7 +455,10 @@ def main() -> None:
         }
     except ValueError as exc:
         module.fail_json(msg=str(exc))
-    facts = patrol(params, scanning, module.check_mode)
+    try:
+        facts = patrol(params, scanning, module.check_mode)
+    except PatrolError as exc:
+        module.fail_json(msg=str(exc))
     module.exit_json(changed=False, ansible_facts={"patrol": facts}, **facts)
 
 

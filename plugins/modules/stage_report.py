@@ -22,7 +22,7 @@ options:
     description: The stage whose records these are.
     type: str
     required: true
-    choices: [teardown]
+    choices: [teardown, patrol]
   result_var:
     description: The variable the stage's task registered on each host.
     type: str
@@ -31,6 +31,26 @@ options:
     description: Controller directory for the report, relative to the working directory.
     type: str
     default: reports
+  notify:
+    description:
+      - Patrol only. After the lines, one notification per new problem and per cleared box is POSTed to the webhook
+        (all in parallel, under one deadline), and the notified problems are kept in the state file, locked so that
+        two ticks at once notify each problem once. A box or run this tick did not examine keeps its state.
+      - In check mode nothing is sent and the state is not written; the lines say what would be sent.
+    type: dict
+    suboptions:
+      webhook_url:
+        description: Webhook for the notifications (JSON with a Slack-compatible C(text)); empty sends none, the state still moves on. A secret, never logged.
+        type: str
+        default: ""
+      timeout_s:
+        description: Deadline in seconds for all of a tick's notifications together.
+        type: float
+        default: 10
+      state_file:
+        description: Controller file holding each box's notified problems; empty is C(<report_dir>/patrol-state.json).
+        type: str
+        default: ""
 extends_documentation_fragment:
   - remote_gpu.trainer.attributes
 attributes:

@@ -29,6 +29,10 @@ options:
     description: The variable holding every box's record (the stage's registered result); with it, an unreachable
       box fails instead when another box's status is in O(failing), so the exit code is 2, not 4.
     type: str
+  escalated_fails:
+    description: A record whose C(escalate) is true fails too (patrol: a box that needs a human), whatever its status.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - remote_gpu.trainer.attributes
 attributes:

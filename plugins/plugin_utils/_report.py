@@ -49,6 +49,19 @@ def write_report(directory: str, stage: str, document: Mapping[str, Any]) -> str
     raise OSError(f"no free report name for {stage}-{stamp} in {directory}")
 
 
+def flock_within(handle: int, wait_s: float) -> bool:
+    """Take an exclusive flock on ``handle``, waiting at most ``wait_s`` seconds; whether it was taken."""
+    deadline = time.monotonic() + max(0.0, wait_s)
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def box_lock(stage: str, key: str, wait_s: float, directory: str = LOCK_DIR) -> Iterator[str]:
     """Hold ``<directory>/<stage>-<key>.lock`` for the block; Busy after ``wait_s`` seconds of waiting."""
@@ -57,16 +70,9 @@ def box_lock(stage: str, key: str, wait_s: float, directory: str = LOCK_DIR) -> 
     path = os.path.join(directory, f"{stage}-{_UNSAFE.sub('_', key)[:120]}.lock")
     handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = os.pread(handle, 64, 0).decode("ascii", "replace").strip() or "?"
-                    raise Busy(f"another {stage} of this box is running (pid {holder}; lock {path})") from None
-                time.sleep(0.2)
+        if not flock_within(handle, wait_s):
+            holder = os.pread(handle, 64, 0).decode("ascii", "replace").strip() or "?"
+            raise Busy(f"another {stage} of this box is running (pid {holder}; lock {path})")
         os.ftruncate(handle, 0)
         os.pwrite(handle, str(os.getpid()).encode(), 0)
         yield path

@@ -23,6 +23,12 @@ GATE_STEPS = (
     "pull_verify",
     "load_verify",
 )
+# What a report keeps of a record: never the module's invocation or raw provider output.
+RECORD_KEYS = (
+    "host", "status", "step", "reason", "line", "runs", "check_mode", "platform", "stop_meter", "verb", "irreversible",
+    "instance_id", "confirmed", "gate", "stop_running", "pull", "load_verify", "scratch", "meter_stop", "warnings",
+    "data_loss_clocks", "changed",
+)  # fmt: skip
 STATUSES = ("TORN_DOWN", "CLEANED", "CHECKED", "UNCONFIRMED", "STOP_BY_HAND", "REFUSED", "FAILED", "UNREACHABLE")
 # The statuses the verdict step fails: the box still bills, or something went wrong.
 FAILING = ("UNCONFIRMED", "STOP_BY_HAND", "REFUSED", "FAILED")
@@ -163,6 +169,13 @@ def lines(record: Mapping[str, Any]) -> List[str]:
     if record.get("status") in ("TORN_DOWN", "CHECKED", "UNCONFIRMED", "STOP_BY_HAND"):
         shown += [f"  data-loss clock: {clock}" for clock in record.get("data_loss_clocks") or []]
     return shown
+
+
+def no_record(host: str) -> Dict[str, Any]:
+    """A host of the play without a teardown record: it failed before its teardown step ran."""
+    reason = "no teardown record: the host failed before its teardown step ran (see its task error above)"
+    record = {"host": host, "status": "REFUSED", "step": "validate", "reason": reason, "runs": ["?"]}
+    return dict(record, line=line(record))
 
 
 def summary(records: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:

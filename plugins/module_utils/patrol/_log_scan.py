@@ -4,11 +4,18 @@
 
 Patrol runs every 30 minutes on logs that grow to gigabytes, so a tick reads only the bytes appended since the
 previous one (at most ``max_bytes``): its cost follows the log's growth, never its size, and its memory is a few
-1 MiB chunks. The cursor keeps where the scan stopped (device, inode, offset, a fingerprint of the bytes before
-the offset), the counts and first lines so far, the last progress marker and the unfinished last line. A
-truncated, rotated or rewritten log (size below the offset, another inode, other bytes before the offset) and a
-cursor made for other patterns are scanned again from the start. A tick that stops short of the end also reads
-the last 64 KiB, uncounted, so a cold tick on a 2 GB log shows the crash at its end and its current progress.
+1 MiB chunks. The cursor keeps where the scan stopped (device, inode, offset, size, a fingerprint of the bytes
+before the offset), the counts and first lines so far, the last progress marker and the unfinished last line. A
+cursor made for other patterns is scanned again from the start. So is a lost log, and what was seen stays seen:
+a truncated or rewritten log (smaller than before, other bytes before the offset), a replaced one (another
+inode) or a deleted one sets ``lost`` once and for good, and the signatures it showed are kept in the cursor
+(``before``). A deleted log keeps its old cursor. A tick that stops short of the end also reads the last 64 KiB,
+uncounted, so a cold tick on a 2 GB log shows the crash at its end and its current progress.
+
+Growth is timed by the tick's clock (``now``), never by the file's mtime after first sight: a log whose mtime lies
+in the future (a clock stepped back, a network volume running ahead) must not look fresh for hours. The runner's
+own lines (``[rgt <UTC>] ...``, also glued after a command's unfinished last line) count for no signature and no
+progress. An initial best-so-far printed as +inf (``best_val_loss: inf``) is no diverged loss.
 
 Lines end at ``\\n`` and at ``\\r`` (tqdm redraws its bar after a ``\\r``). Only a line's first 4 KiB are matched;
 past them its bytes are skipped up to the next line end, so no line is ever held whole. Why needles: a Python
@@ -23,13 +30,15 @@ import base64
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import stat
 import tempfile
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Pattern, Sequence, Tuple
+import time
+from typing import Any, Callable, Dict, List, Mapping, Match, NamedTuple, Optional, Pattern, Sequence, Tuple
 
-SCHEMA = 1
+SCHEMA = 2  # 1: mtime growth, runner lines and best-so-far inf counted; such cursors are scanned again
 CHUNK_BYTES = 2**20
 LINE_CAP = 4096
 TAIL_BYTES = 64 * 1024
@@ -41,6 +50,12 @@ NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,39}")
 LINE_END = re.compile(rb"[\r\n]")
 PROGRESS_GROUPS = ("epoch", "epochs", "step", "steps")
 PROGRESS_KEYS = ("epoch", "epochs_total", "step", "steps_total")
+# The runner's own lines in a cell log start with "[rgt "; its stamp may also follow a command's unfinished line.
+RUNNER_LINE = "[rgt "
+RUNNER_STAMP = re.compile(r"\[rgt \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[^\]\n]{0,24}\] ")
+# A best-so-far key (best_val_loss, min_loss, "lowest eval loss", bestValLoss): its +inf is a start, not a loss.
+BEST_SO_FAR = re.compile(r"(?<![A-Za-z])(?:[Bb]est|BEST|[Mm]in(?:imum)?|MIN(?:IMUM)?|[Ll]owest|LOWEST)(?![a-z])")
+KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_./- \t")
 
 # Per signature: one regex, matched on a line's first 4 KiB, and its needles (literal-led byte regexes, searched
 # over whole blocks at C speed) that find the candidate lines: every match of the regex holds one of them. Why
@@ -76,7 +91,7 @@ BUILTIN_SIGNATURES = (
      ["uncorrectable ECC", "CUDA_ERROR_", "cudaError"]),
     ("nan_loss",  # a loss-like key directly followed by its nan / inf value, nothing in between
      r"(?i:(?:loss|grad_?norm)['\"]?(?:[ \t]*[:=][ \t]*|[ \t]+(?:is[ \t]+)?)['\"]?(?:tensor\()?"
-     r"[-+]?(?:nan|inf(?:inity)?)(?![\w-]))",
+     r"(?P<value>[-+]?(?:nan|inf(?:inity)?))(?![\w-]))",
      [v + _WHOLE for v in ("nan", "NaN", "NAN", "inf", "Inf(?:inity)?", "INF(?:INITY)?")]),
     ("segfault",
      r"Segmentation fault|\bSIGSEGV\b|\bsignal 11\b|core dumped|\bexit(?:ed with)? (?:code|status)[ :=]*139\b",
@@ -97,11 +112,40 @@ PROGRESS_PROBE = re.compile(r"(?i:\bepoch\b|\bstep\b|\biter(?:ation)?\b)[ \t:=#\
 
 
 class Signature(NamedTuple):
-    """A crash signature: ``needles`` find candidate lines in the raw bytes; None: search ``regex`` on the text."""
+    """A crash signature: ``needles`` find candidate lines in the raw bytes; None: search ``regex`` on the text.
+    ``veto`` says which of the regex's hits on a line do not count."""
 
     name: str
     regex: Pattern[str]
     needles: Optional[Tuple[Pattern[bytes], ...]]
+    veto: Optional[Callable[[str, Match[str]], bool]] = None
+
+    def matches(self, line: str) -> bool:
+        if self.veto is None:
+            return self.regex.search(line) is not None
+        return any(not self.veto(line, hit) for hit in self.regex.finditer(line))
+
+
+def _best_so_far(line: str, hit: Match[str]) -> bool:
+    """A +inf after a best/min/lowest key: the words and punctuation just before the hit name the key."""
+    value = hit.group("value").lower()
+    if value.startswith("-") or "inf" not in value:
+        return False  # -inf and nan are diverged whatever the key
+    start = end = hit.start()
+    while start > max(0, end - 64) and line[start - 1] in KEY_CHARS:
+        start -= 1
+    return BEST_SO_FAR.search(line, start, end) is not None
+
+
+VETOES: Dict[str, Callable[[str, Match[str]], bool]] = {"nan_loss": _best_so_far}
+
+
+def own_line(line: str) -> str:
+    """The part of a line the command wrote: none of a runner's line, a glued one up to the runner's stamp."""
+    if line.startswith(RUNNER_LINE):
+        return ""
+    stamp = RUNNER_STAMP.search(line)
+    return line[: stamp.start()] if stamp else line
 
 
 class Progress:
@@ -153,7 +197,7 @@ def _decode(raw: bytes) -> str:
 def compile_signatures(user_patterns: Optional[Sequence[Mapping[str, Any]]]) -> List[Signature]:
     """The built-in signatures and the user's ``{name, regex}`` ones; ValueError names the bad pattern."""
     compiled = [
-        Signature(name, re.compile(regex, re.M), tuple(re.compile(n.encode()) for n in needles))
+        Signature(name, re.compile(regex, re.M), tuple(re.compile(n.encode()) for n in needles), VETOES.get(name))
         for name, regex, needles in BUILTIN_SIGNATURES
     ]
     taken = {signature.name: "a built-in signature" for signature in compiled}
@@ -212,7 +256,8 @@ def _last_marker(raw: bytes, progress: Progress) -> Optional[Dict[str, Any]]:
             if line_start != seen:
                 seen = line_start
                 line_end = text.find("\n", line_start)
-                marker = progress.parse(text[line_start : line_end if line_end >= 0 else len(text)][:LINE_CAP])
+                line = own_line(text[line_start : line_end if line_end >= 0 else len(text)][:LINE_CAP])
+                marker = progress.parse(line) if line else None
                 if marker is not None:
                     return marker
         end, size = start, size * 4
@@ -223,7 +268,6 @@ class _Scanner:
     """One tick's scan state: fed chunks of raw bytes, it keeps at most one unfinished line (4 KiB) of them."""
 
     def __init__(self, signatures: Sequence[Signature], progress: Progress, cursor: Optional[Mapping[str, Any]]):
-        self.order = {signature.name: index for index, signature in enumerate(signatures)}
         self.needles: Dict[bytes, Tuple[Pattern[bytes], List[Signature]]] = {}
         for signature in signatures:
             for needle in signature.needles or ():
@@ -255,9 +299,6 @@ class _Scanner:
         else:
             self.carry = data
 
-    def signatures(self, found: Mapping[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
-        return sorted(found.values(), key=lambda entry: self.order.get(entry["signature"], len(self.order)))
-
     def unfinished(self) -> Tuple[Dict[str, Dict[str, Any]], Optional[Dict[str, Any]]]:
         """Signatures and marker with the unfinished last line counted (e.g. a tqdm bar), the cursor's left as is."""
         if not self.carry or self.skipping:
@@ -285,9 +326,9 @@ class _Scanner:
                 hit = needle.search(raw, pos) if pos else None
         for start in sorted(lines):
             end = raw.find(b"\n", start)
-            line = _decode(raw[start : min(end, start + LINE_CAP)])
+            line = own_line(_decode(raw[start : min(end, start + LINE_CAP)]))
             for signature in lines[start].values():
-                if signature.regex.search(line):
+                if line and signature.matches(line):
                     self._count(signature.name, line, raw, end + 1)
         if self.searched:
             self._search(_decode(raw))
@@ -304,8 +345,8 @@ class _Scanner:
                     break
                 start, end = text.rfind("\n", 0, hit.start()) + 1, text.find("\n", hit.start())
                 end = len(text) if end < 0 else end
-                line = text[start : min(end, start + LINE_CAP)]
-                if signature.regex.search(line):
+                line = own_line(text[start : min(end, start + LINE_CAP)])
+                if line and signature.regex.search(line):
                     self._count(signature.name, line, b"", 0)
                 pos = end + 1
 
@@ -347,22 +388,31 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def _entries(found: Any) -> bool:
+    return isinstance(found, list) and all(
+        isinstance(e["signature"], str) and _is_int(e["count"]) and isinstance(e["first_line"], (str, type(None)))
+        for e in found
+    )
+
+
 def _usable(cursor: Any) -> bool:
-    """A schema-1 cursor with every field of its type; anything else is no cursor (the log is scanned again)."""
+    """A cursor of this SCHEMA with every field of its type; anything else is no cursor (the log is scanned again,
+    as if first seen: an older schema's counts and growth time are not trusted)."""
     try:
-        marker, growth, found = cursor["progress"], cursor["last_growth"], cursor["signatures"]
+        marker, growth, lost = cursor["progress"], cursor["last_growth"], cursor["lost"]
         return (
             cursor["schema"] == SCHEMA
             and all(_is_int(cursor[key]) for key in ("dev", "inode", "offset", "size"))
+            and cursor["offset"] <= cursor["size"]
             and all(isinstance(cursor[key], str) for key in ("config", "fingerprint", "carry"))
             and len(base64.b64decode(cursor["carry"], validate=True)) <= LINE_CAP
             and isinstance(cursor["skipping"], bool)
-            and (growth is None or (isinstance(growth, (int, float)) and not isinstance(growth, bool)))
+            and isinstance(growth, (int, float)) and not isinstance(growth, bool) and math.isfinite(growth)
+            and (lost is None or isinstance(lost, str))
             and (marker is None or (isinstance(marker["line"], str) and all(
                 marker[key] is None or _is_int(marker[key]) for key in PROGRESS_KEYS)))
-            and isinstance(found, list)
-            and all(isinstance(e["signature"], str) and _is_int(e["count"])
-                    and isinstance(e["first_line"], (str, type(None))) for e in found)
+            and _entries(cursor["signatures"])
+            and _entries(cursor["before"])
         )  # fmt: skip
     except (KeyError, TypeError, ValueError):  # binascii.Error is a ValueError
         return False
@@ -402,40 +452,43 @@ def scan_log(
     cursor: Optional[Mapping[str, Any]],
     signatures: Sequence[Signature],
     progress: Progress,
+    *,
     max_bytes: int = 64 * 2**20,
+    now: Optional[float] = None,
 ) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
     """Scan the bytes of ``path`` past the cursor (at most ``max_bytes``): this tick's scan and the new cursor.
 
-    The cursor is None when the log does not exist; when the log cannot be read, the old cursor comes back as it
-    was, and so do its signatures and progress: a passing error loses nothing found so far.
+    ``now`` is the tick's wall clock (time.time() when None): ``last_growth`` is the ``now`` of the tick that saw
+    the log's size or identity change, or min(mtime, now) when the log is first seen. The cursor is None when a
+    log never seen does not exist; a deleted log's cursor is the old one with ``lost`` set. When the log cannot be
+    read, the old cursor comes back as it was, and so do its signatures and progress: a passing error loses
+    nothing found so far.
     """
-    old = dict(cursor) if _usable(cursor) else None
-    restarted = cursor is not None and old is None
+    now = time.time() if now is None else now
+    prev = dict(cursor) if _usable(cursor) else None
     scan: Dict[str, Any] = {
         "path": path, "exists": True, "error": None, "size": None, "read_bytes": 0, "restarted": False,
-        "more": False, "signatures": [], "progress": None, "last_growth": None, "mtime": None,
+        "more": False, "signatures": [], "progress": None, "last_growth": None, "mtime": None, "lost": None,
     }  # fmt: skip
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # a FIFO must not block
     except (FileNotFoundError, NotADirectoryError):
-        return dict(scan, exists=False), None
+        if prev is None:
+            return dict(scan, exists=False), None
+        gone = dict(prev, lost=prev["lost"] or f"log deleted (was {prev['size']} bytes)")
+        return _kept(dict(scan, exists=False), gone, signatures, now), gone
     except OSError as exc:
-        return _failed(scan, old, f"{path} cannot be read: {exc.strerror or exc}")
+        return _failed(scan, prev, signatures, now, f"{path} cannot be read: {exc.strerror or exc}")
     try:
         info = os.fstat(fd)
         scan["mtime"] = info.st_mtime
         if not stat.S_ISREG(info.st_mode):
             kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-            return _failed(scan, old, f"{path} is {kind}, not a log")
-        key = _config_key(signatures, progress)
-        if old is not None and not (
-            (old["dev"], old["inode"], old["config"]) == (info.st_dev, info.st_ino, key)
-            and old["offset"] <= info.st_size
-            and _fingerprint(fd, old["offset"]) == old["fingerprint"]
-        ):
-            old, restarted = None, True  # truncated, rotated, rewritten, or scanned for other patterns
-        scanner = _Scanner(signatures, progress, old)
-        start = offset = old["offset"] if old is not None else 0
+            return _failed(scan, prev, signatures, now, f"{path} is {kind}, not a log")
+        key, (lost, intact) = _config_key(signatures, progress), _loss(fd, info, prev)
+        resume = prev if prev is not None and intact and prev["config"] == key else None
+        scanner = _Scanner(signatures, progress, resume)
+        start = offset = resume["offset"] if resume is not None else 0
         budget = max(0, min(max_bytes, info.st_size - offset))
         while budget > 0:
             chunk = os.pread(fd, min(CHUNK_BYTES, budget), offset)
@@ -448,31 +501,75 @@ def scan_log(
             found, unfinished = _tail(fd, info.st_size, offset, scanner, found)
         fingerprint = _fingerprint(fd, offset)
     except OSError as exc:
-        return _failed(scan, old, f"{path} cannot be read: {exc.strerror or exc}")
+        return _failed(scan, prev, signatures, now, f"{path} cannot be read: {exc.strerror or exc}")
     finally:
         os.close(fd)
-    kept = (unfinished if more else None) or scanner.marker or (old["progress"] if old is not None else None)
-    grew = old is None or info.st_size > old["size"] or old["last_growth"] is None
-    growth = info.st_mtime if grew else old["last_growth"]  # type: ignore[index]
+    kept = (unfinished if more else None) or scanner.marker or (resume["progress"] if resume is not None else None)
+    before = prev["before"] if prev is not None else []
+    if prev is not None and not intact:  # what the lost bytes showed stays seen
+        before = _merged(signatures, before, prev["signatures"])
+    if prev is None:
+        growth = min(info.st_mtime, now)
+    elif lost is not None or info.st_size != prev["size"]:
+        growth = now
+    else:
+        growth = min(prev["last_growth"], now)
+    lost = (prev["lost"] if prev is not None else None) or lost  # the first loss stays the reason
     scan.update(
-        size=info.st_size, read_bytes=offset - start, restarted=restarted, more=more, last_growth=growth,
-        signatures=[dict(e) for e in scanner.signatures(found)], progress=unfinished or kept,
+        size=info.st_size, read_bytes=offset - start, restarted=cursor is not None and resume is None, more=more,
+        last_growth=growth, signatures=_merged(signatures, before, list(found.values())), progress=unfinished or kept,
+        lost=lost,
     )  # fmt: skip
     return scan, {
         "schema": SCHEMA, "dev": info.st_dev, "inode": info.st_ino, "offset": offset, "size": info.st_size,
         "config": key, "fingerprint": fingerprint, "carry": base64.b64encode(scanner.carry).decode(),
-        "skipping": scanner.skipping, "signatures": scanner.signatures(scanner.found), "progress": kept,
-        "last_growth": growth,
+        "skipping": scanner.skipping, "signatures": _merged(signatures, list(scanner.found.values())),
+        "progress": kept, "last_growth": growth, "lost": lost, "before": before,
     }  # fmt: skip
 
 
+def _loss(fd: int, info: os.stat_result, prev: Optional[Mapping[str, Any]]) -> Tuple[Optional[str], bool]:
+    """Why bytes the cursor saw are gone (None: none are; another file at the path, or the same one cut or
+    rewritten), and whether the bytes before its offset are still those it counted (then it goes on from there)."""
+    if prev is None:
+        return None, False
+    if (prev["dev"], prev["inode"]) != (info.st_dev, info.st_ino):
+        return "log replaced by another file", False
+    intact = prev["offset"] <= info.st_size and _fingerprint(fd, prev["offset"]) == prev["fingerprint"]
+    if intact and info.st_size >= prev["size"]:
+        return None, True
+    return f"log truncated (was {prev['size']} bytes, now {info.st_size})", intact
+
+
+def _merged(signatures: Sequence[Signature], *found: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """Entries of the same signature added up, the earliest first line kept, in the signatures' order."""
+    merged: Dict[str, Dict[str, Any]] = {}
+    for entries in found:
+        for entry in entries:
+            into = merged.setdefault(
+                entry["signature"], {"signature": entry["signature"], "count": 0, "first_line": None}
+            )
+            into["count"] += entry["count"]
+            into["first_line"] = into["first_line"] or entry["first_line"]
+    order = {signature.name: index for index, signature in enumerate(signatures)}
+    return sorted(merged.values(), key=lambda entry: order.get(entry["signature"], len(order)))
+
+
+def _kept(
+    scan: Dict[str, Any], cursor: Mapping[str, Any], signatures: Sequence[Signature], now: float
+) -> Dict[str, Any]:
+    """The scan a kept cursor tells: what it saw, no newer than this tick."""
+    return dict(
+        scan, signatures=_merged(signatures, cursor["before"], cursor["signatures"]), progress=cursor["progress"],
+        last_growth=min(cursor["last_growth"], now), lost=cursor["lost"],
+    )  # fmt: skip
+
+
 def _failed(
-    scan: Dict[str, Any], old: Optional[Dict[str, Any]], error: str
+    scan: Dict[str, Any], prev: Optional[Dict[str, Any]], signatures: Sequence[Signature], now: float, error: str
 ) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]]]:
     scan["error"] = error
-    if old is not None:
-        scan.update(signatures=old["signatures"], progress=old["progress"], last_growth=old["last_growth"])
-    return scan, old
+    return (_kept(scan, prev, signatures, now) if prev is not None else scan), prev
 
 
 def _tail(

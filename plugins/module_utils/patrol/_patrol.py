@@ -11,7 +11,7 @@ the cell-log cursors under ``<run>/.patrol/`` are written, and nothing in check 
 
 from __future__ import annotations
 
-import contextlib
+import difflib
 import functools
 import json
 import os
@@ -20,19 +20,18 @@ from datetime import datetime, timezone
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.box._disk import read_usage
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._command import subprocess_runner
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._deadline import run_with_deadline
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu import _kernel_log, _xid
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu._xid_findings import xid_findings
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _run_detach as detach
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._run_state import OnDisk, cell_facts
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import (
     NAME_PATTERN,
     cell_log,
+    done_marker,
+    list_archived,
     monitor_jsonl,
     patrol_dir,
+    result_json,
+    run_dir,
 )
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runspec import load_spec, runner_log
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol import _cells
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._log_scan import (
     load_cursor,
     save_cursor,
@@ -41,6 +40,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._log_sca
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._patrol_decide import (
     KILLED_EXIT_CODES,
     KILLED_SIGNALS,
+    box_facts,
     decide_box,
     finite,
 )
@@ -48,34 +48,70 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._patrol_
 
 MAX_RUNS = 100
 BEHIND_SCAN_BYTES = 64 * 1024
-GPU_KEYS = ("index", "utilization_pct", "memory_used_mib", "memory_total_mib")
-RUN_KEYS = (
-    "run", "state", "escalate", "reasons", "problems", "actions", "alive", "started_at",
-    "cells_done", "cells_total", "progress", "eta_s", "log_idle_s", "current_cell",
-)  # fmt: skip
-CELL_KEYS = (
-    "name", "status", "exit_code", "signal", "sync", "done", "log_bytes", "log_error", "crash_signatures", "progress",
-)  # fmt: skip
 MONITOR_TAIL_BYTES = 256 * 1024
 MONITOR_SAMPLES = 20
 
 
-def list_runs(data_dir: str, only: Optional[str]) -> Tuple[List[str], Optional[str]]:
-    """The runs to patrol (directories holding a run.json), and a problem when ``runs/`` cannot be listed."""
-    runs_dir = os.path.join(data_dir, "runs")
-    if only:
-        return ([only] if _registered(runs_dir, only) else []), None
-    try:
-        names = sorted(entry.name for entry in os.scandir(runs_dir) if entry.is_dir(follow_symlinks=False))
-    except FileNotFoundError:
-        return [], None
-    except OSError as exc:
-        return [], f"{runs_dir} cannot be listed: {exc.strerror or exc}"
-    return [name for name in names if NAME_PATTERN.match(name) and _registered(runs_dir, name)], None
+class PatrolError(Exception):
+    """The tick cannot answer what it was asked (a run named that is not on the box): one line for the user."""
 
 
 def _registered(runs_dir: str, name: str) -> bool:
     return os.path.exists(os.path.join(runs_dir, name, "run.json"))
+
+
+def _missing(data_dir: str, only: str, names: Sequence[str]) -> str:
+    """One line naming the run asked for and the closest run on the box (or where it was archived)."""
+    archived = [entry.entry for entry in _quietly(list_archived, data_dir, []) if entry.run == only]
+    if archived:
+        return f"run {only} is not on this box: it was archived as runs/.archive/{archived[-1]}"
+    close = difflib.get_close_matches(only, names, n=1, cutoff=0.5)
+    hint = (
+        f"; the closest run there is {close[0]}"
+        if close
+        else (f"; runs there: {', '.join(names[:5])}" if names else "; no run there")
+    )
+    return f"run {only} is not on this box (no {os.path.join(data_dir, 'runs', only, 'run.json')}){hint}"
+
+
+def _quietly(call: Any, data_dir: str, default: Any) -> Any:
+    try:
+        return call(data_dir)
+    except OSError:
+        return default
+
+
+def select_runs(data_dir: str, only: Optional[str]) -> Dict[str, Any]:
+    """The runs to patrol (directories holding a run.json, or only ``only``), those left out, the archived count,
+    and a problem when ``runs/`` cannot be listed. Over MAX_RUNS, every unfinished run (no DONE) is kept and the
+    finished ones are dropped first, oldest DONE first."""
+    runs_dir = os.path.join(data_dir, "runs")
+    chosen: Dict[str, Any] = {"names": [], "skipped": 0, "archived": 0, "missing": None, "problem": None}
+    try:
+        listed = sorted(entry.name for entry in os.scandir(runs_dir) if entry.is_dir(follow_symlinks=False))
+    except FileNotFoundError:
+        listed = []
+    except OSError as exc:
+        return dict(chosen, problem=f"{runs_dir} cannot be listed: {exc.strerror or exc}")
+    names = [name for name in listed if NAME_PATTERN.match(name) and _registered(runs_dir, name)]
+    chosen["archived"] = len(_quietly(list_archived, data_dir, []))
+    if only:
+        return dict(chosen, names=[only]) if only in names else dict(chosen, missing=_missing(data_dir, only, names))
+    if len(names) <= MAX_RUNS:
+        return dict(chosen, names=names)
+    finished = {name: _done_at(data_dir, name) for name in names}
+    unfinished = [name for name in names if finished[name] is None]
+    room = max(0, MAX_RUNS - len(unfinished))
+    newest = sorted((n for n in names if finished[n] is not None), key=lambda n: finished[n], reverse=True)[:room]
+    kept = set(unfinished) | set(newest)
+    return dict(chosen, names=[n for n in names if n in kept], skipped=len(names) - len(kept))
+
+
+def _done_at(data_dir: str, run: str) -> Optional[float]:
+    try:
+        return os.stat(done_marker(data_dir, run)).st_mtime
+    except OSError:
+        return None
 
 
 def _monitor_tail(path: str, since: float) -> List[Dict[str, Any]]:
@@ -102,23 +138,34 @@ def _monitor_tail(path: str, since: float) -> List[Dict[str, Any]]:
 def _clean_sample(sample: Dict[str, Any]) -> Dict[str, Any]:
     cgroup = sample.get("cgroup") if isinstance(sample.get("cgroup"), dict) else {}
     gpus = sample.get("gpus") if isinstance(sample.get("gpus"), list) else None
+    readings = None
+    if gpus:
+        readings = [
+            {"index": _index(g.get("index"), position), "util_pct": finite(g.get("util_pct"))}
+            for position, g in enumerate(gpus)
+            if isinstance(g, dict)
+        ]
     return {
         "t": finite(sample.get("t")),
         "memory_current": finite(cgroup.get("memory_current")),
         "memory_max": finite(cgroup.get("memory_max")),
-        "gpus": [{"util_pct": finite(g.get("util_pct"))} for g in gpus if isinstance(g, dict)] if gpus else None,
+        "gpus": readings,
     }
 
 
-def _current_cell(cells: Sequence[Dict[str, Any]]) -> Optional[str]:
-    """run-layout.md: the first cell in queue order without a succeeded result, else the last cell."""
-    for cell in cells:
-        if cell.get("status") != "succeeded":
-            return cell["name"]
-    return cells[-1]["name"] if cells else None
+def _index(value: Any, position: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else position
 
 
-def _scan_cell_log(data_dir: str, run: str, cell: Dict[str, Any], scanning: Mapping[str, Any], write: bool) -> None:
+def _gpu_list(value: Any) -> Optional[List[int]]:
+    if not isinstance(value, list):
+        return None
+    return [g for g in value if isinstance(g, int) and not isinstance(g, bool)]
+
+
+def _scan_cell_log(
+    data_dir: str, run: str, cell: Dict[str, Any], scanning: Mapping[str, Any], *, write: bool, now: float
+) -> None:
     cursor_path = os.path.join(patrol_dir(data_dir, run), f"{cell['name']}.json")
     scan, cursor = scan_log(
         cell_log(data_dir, run, cell["name"]),
@@ -126,6 +173,7 @@ def _scan_cell_log(data_dir: str, run: str, cell: Dict[str, Any], scanning: Mapp
         scanning["signatures"],
         scanning["progress"],
         max_bytes=scanning["max_bytes"] if time.monotonic() < scanning["scan_until"] else BEHIND_SCAN_BYTES,
+        now=now,
     )
     if write and cursor is not None:
         try:
@@ -137,39 +185,58 @@ def _scan_cell_log(data_dir: str, run: str, cell: Dict[str, Any], scanning: Mapp
     if killed and not any(s["signature"] == "killed" for s in signatures):
         ending = f"signal {cell['signal']}" if cell.get("signal") is not None else f"exit code {cell['exit_code']}"
         signatures.append({"signature": "killed", "count": 1, "first_line": f"{ending} (SIGKILL: the OOM killer?)"})
+    growth = finite(scan.get("last_growth"))
     cell.update(
         log_bytes=scan.get("size"),
         log_error=scan.get("error"),
+        log_exists=scan.get("exists"),
         crash_signatures=signatures,
         progress=scan.get("progress"),
-        last_growth=finite(scan.get("last_growth")),
+        lost=scan.get("lost"),
+        last_growth=growth,
+        log_idle_s=round(max(0.0, now - growth), 1) if growth is not None else None,
     )
 
 
-def _eta(run: Dict[str, Any], now: float) -> Optional[int]:
-    """Seconds left from the progress totals and the time the run has taken so far; None without totals."""
-    progress, cells = run.get("progress") or {}, run.get("cells") or []
-    epoch, epochs = progress.get("epoch"), progress.get("epochs_total")
-    step, steps = progress.get("step"), progress.get("steps_total")
-    fraction = None
-    if epochs and epoch is not None:
-        within = step / steps if steps and step is not None else 0.0
-        fraction = (max(epoch - 1, 0) + min(within, 1.0)) / epochs
-    elif steps and step is not None:
-        fraction = step / steps
-    started = finite(run.get("started_at_s"))
-    if fraction is None or not cells or started is None:
-        return None
-    pending = [c for c in cells if not c.get("done") and c.get("status") in ("running", "pending")]
-    finished = len(cells) - len(pending)
-    overall = (finished + min(max(fraction, 0.0), 1.0)) / len(cells)
-    if overall <= 0.0 or now <= started:
-        return None
-    return int((now - started) * (1.0 - overall) / overall)
+def _cell_view(
+    cell: Dict[str, Any], record: Mapping[str, Any], living: Mapping[str, int], spec: Any, started: Optional[float]
+) -> Dict[str, Any]:
+    """What run.json, result.json, the spec and the process table add to ``cell_facts``' view of a cell."""
+    from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._run_state import read_json_quietly  # noqa: PLC0415
+
+    name = cell["name"]
+    views = {v.get("name"): v for v in record.get("cells") or [] if isinstance(v, dict)}
+    ended = cell.get("status") in ("succeeded", "failed")
+    result = (read_json_quietly(result_json(record["data_dir"], record["run"], name)) or {}) if ended else {}
+    gpus = _gpu_list((views.get(name) or {}).get("gpus"))
+    retries = {c.name: c.retries for c in spec.cells} if spec is not None else {}
+    sync_error = result.get("sync_error") or result.get("sync_reason")
+    cell.update(
+        gpus=gpus if gpus is not None else _gpu_list(result.get("gpus")),
+        sync_error=str(sync_error) if sync_error else None,
+        retries=retries.get(name, 0),
+        alive=name in living,
+        started=ended or (views.get(name) or {}).get("state") == "started",
+        duration_s=None,
+        elapsed_s=None,
+    )
+    if name in living and not ended:
+        cell["attempts"] = living[name]
+    begun, finished = _cells.parse_utc(result.get("started_at")), _cells.parse_utc(result.get("ended_at"))
+    if begun is not None and finished is not None and finished > begun:
+        cell["duration_s"] = finished - begun
+    return cell
 
 
-def scan_run(data_dir: str, run: str, scanning: Mapping[str, Any], write: bool, now: float) -> Dict[str, Any]:
+def scan_run(
+    data_dir: str, run: str, scanning: Mapping[str, Any], *, write: bool, now: float, living: Mapping[str, Any]
+) -> Dict[str, Any]:
     """One run: registration, liveness, cells with their logs' signatures and progress, the monitor's tail."""
+    # Imported here, in the runs probe's child: the module's own import stays light.
+    from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _run_detach as detach  # noqa: PLC0415
+    from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._run_state import OnDisk, cell_facts  # noqa: PLC0415
+    from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runspec import load_spec  # noqa: PLC0415
+
     disk = OnDisk(data_dir, run)
     view: Dict[str, Any] = {"run": run, "problem": disk.problem, "started_at": disk.record.get("started_at")}
     if disk.registered is None:
@@ -178,43 +245,52 @@ def scan_run(data_dir: str, run: str, scanning: Mapping[str, Any], write: bool, 
         spec = load_spec(disk.run_dir)
     except (OSError, ValueError):
         spec = None  # run.json's cells stand in: only "declares artifacts" is then assumed
+    record = dict(disk.record, data_dir=data_dir, run=run)
+    alive_cells = living.get(os.path.normpath(disk.run_dir), {})
     cells = cell_facts(spec, data_dir, run, disk)
     for cell in cells:
-        _scan_cell_log(data_dir, run, cell, scanning, write)
-    growth = [c["last_growth"] for c in cells if c.get("last_growth") is not None]
-    with contextlib.suppress(OSError):
-        growth.append(os.stat(runner_log(disk.run_dir)).st_mtime)
-    current = _current_cell(cells)
-    started = disk.registered.started_at
+        _scan_cell_log(data_dir, run, cell, scanning, write=write, now=now)
+        _cell_view(cell, record, alive_cells, spec, disk.registered.started_at)
+        if cell["alive"] or cell["status"] == "running":
+            begun = _cells.log_started(cell_log(data_dir, run, cell["name"])) or disk.registered.started_at
+            cell["elapsed_s"] = max(0.0, now - begun) if begun is not None else None
+    idle = [c["log_idle_s"] for c in cells if c.get("log_idle_s") is not None]
+    gpus = _gpu_list(disk.record.get("gpus"))
     view.update(
-        started_at_s=started,
-        alive=len(detach.run_members(disk.registered)) if disk.live else 0,
+        started_at_s=disk.registered.started_at,
+        runner_alive=disk.live,
+        alive=len(detach.run_members(disk.registered)) if disk.live else len(alive_cells),
         done_marker=disk.done,
         durable_dir=disk.record.get("durable_dir") if isinstance(disk.record.get("durable_dir"), str) else None,
         cells=cells,
-        cells_done=sum(1 for c in cells if c.get("done")),
         cells_total=len(cells),
-        current_cell=current,
-        progress=next((c.get("progress") for c in cells if c["name"] == current), None),
-        log_idle_s=round(max(0.0, now - max(growth)), 1) if growth else None,
+        gpus=gpus or None,
+        slots=spec.slots() if spec is not None else _slots(gpus, disk.record.get("gpus_per_cell")),
+        log_idle_s=min(idle) if idle else None,
         monitor_samples=_monitor_tail(monitor_jsonl(data_dir, run), now - scanning["stall_after_s"]),
     )
-    view["eta_s"] = _eta(view, now) if disk.live else None
     return view
+
+
+def _slots(gpus: Optional[List[int]], per_cell: Any) -> int:
+    if not gpus or not isinstance(per_cell, int) or isinstance(per_cell, bool) or per_cell < 1:
+        return 1
+    return max(1, len(gpus) // per_cell)
 
 
 def scan_runs(data_dir: str, only: Optional[str], scanning: Mapping[str, Any], write: bool) -> Dict[str, Any]:
     """Every run's view; runs in a forked child, so ``scanning`` (compiled patterns) is inherited, not pickled."""
-    names, problem = list_runs(data_dir, only)
+    chosen = select_runs(data_dir, only)
     now = time.time()
     # Half the round's deadline for full reads: cells scanned after it read only their tails' worth, so a first tick
     # over many long logs still answers in time (their cursors catch up over the next ticks).
     scanning = dict(scanning, scan_until=time.monotonic() + scanning["timeout_s"] / 2)
-    runs = [scan_run(data_dir, name, scanning, write, now) for name in names[-MAX_RUNS:]]
+    living = _cells.live_cells(os.path.normpath(run_dir(data_dir, name)) for name in chosen["names"])
+    runs = [scan_run(data_dir, name, scanning, write=write, now=now, living=living) for name in chosen["names"]]
     notes = list(scanning["notes"])
-    if len(names) > MAX_RUNS:
-        notes.append(f"{len(names)} runs on the box: only the last {MAX_RUNS} by name were patrolled")
-    return {"runs": runs, "problem": problem, "notes": notes}
+    if chosen["skipped"]:
+        notes.append(f"{chosen['skipped']} finished runs not patrolled (over {MAX_RUNS} runs on the box)")
+    return dict(chosen, runs=runs, notes=notes)
 
 
 def _usage(name: str, path: str, answer: Dict[str, Any]) -> Dict[str, Any]:
@@ -236,6 +312,11 @@ def _xids(runs: Sequence[Dict[str, Any]], gpus: Sequence[Dict[str, Any]], timeou
     starts = [r["started_at_s"] for r in runs if finite(r.get("started_at_s")) is not None]
     if not starts:
         return [], []
+    # Imported only when there is a run to read the kernel log for.
+    from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._command import subprocess_runner  # noqa: PLC0415
+    from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu import _kernel_log, _xid  # noqa: PLC0415
+    from ansible_collections.remote_gpu.trainer.plugins.module_utils.gpu._xid_findings import xid_findings  # noqa: PLC0415
+
     log = _kernel_log.read_kernel_log(subprocess_runner, timeout_s)
     unreadable = _kernel_log.kernel_log_finding(log)
     if unreadable is not None:
@@ -246,27 +327,21 @@ def _xids(runs: Sequence[Dict[str, Any]], gpus: Sequence[Dict[str, Any]], timeou
     return [{k: f.get(k) for k in ("code", "level", "message", "action", "gpu", "pci", "xid")} for f in found], []
 
 
-def _summary(runs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """The run the box's plain keys describe: the newest live run, else the newest run."""
-    live = [r for r in runs if r.get("alive")]
-    ordered = sorted(live or runs, key=lambda r: finite(r.get("started_at_s")) or 0.0)
-    return ordered[-1] if ordered else None
-
-
 def patrol(params: Mapping[str, Any], scanning: Dict[str, Any], check_mode: bool) -> Dict[str, Any]:
-    """The box's patrol facts (see the module's RETURN)."""
+    """The box's patrol facts (see the module's RETURN); PatrolError when ``run`` names a run not on the box."""
     data_dir, timeout_s = params["data_dir"], params["timeout_s"]
+    venv = params.get("venv") or os.path.join(data_dir, ".remote_gpu_trainer", "venv")
     scanning = dict(scanning, notes=[], stall_after_s=params["stall_after_s"], timeout_s=timeout_s)
     first = run_with_deadline(
         {
             "runs": functools.partial(scan_runs, data_dir, params["run"], scanning, not check_mode),
-            "gpu": functools.partial(read_gpus, params["gpu_backend"], timeout_s),
+            "gpu": functools.partial(read_gpus, params["gpu_backend"], timeout_s, venv),
             "disk": functools.partial(read_usage, data_dir),
         },
         timeout_s,
     )
     probe_errors: Dict[str, str] = {}
-    scanned = first["runs"].get("value") or {"runs": [], "problem": None, "notes": []}
+    scanned = first["runs"].get("value") or {"runs": [], "problem": None, "notes": [], "skipped": 0, "archived": 0}
     if "value" not in first["runs"]:
         why = "timed out" if first["runs"].get("timed_out") else first["runs"].get("error")
         probe_errors["runs"] = (
@@ -274,8 +349,12 @@ def patrol(params: Mapping[str, Any], scanning: Dict[str, Any], check_mode: bool
         )
     elif scanned["problem"]:
         probe_errors["runs"] = f"runs: {scanned['problem']}"
+    elif scanned.get("missing"):
+        raise PatrolError(scanned["missing"])
     runs = scanned["runs"]
-    gpu = first["gpu"].get("value") or {"backend": None, "gpus": [], "lost": [], "error": "the GPU probe hung"}
+    hung = f"the GPU probe did not answer within {timeout_s:g} s (hung driver, or the venv {venv} on a hung mount?)"
+    gpu = first["gpu"].get("value") or {"backend": None, "gpus": [], "lost": [], "error": first["gpu"].get("error")}
+    gpu["error"] = gpu["error"] or (hung if first["gpu"].get("timed_out") else None)
     disks = [_usage("data", data_dir, first["disk"])]
     named = {run["durable_dir"] for run in runs if run.get("durable_dir")}
     durable = sorted({params["durable_dir"]} if params["durable_dir"] else named)
@@ -292,58 +371,11 @@ def patrol(params: Mapping[str, Any], scanning: Dict[str, Any], check_mode: bool
     options = {key: params[key] for key in ("stall_after_s", "gpu_idle_pct", "gpu_idle_samples", "disk_pressure_pct")}
     found = xids + lost_findings(gpu["lost"], gpu["backend"])
     verdict = decide_box(runs, disks=disks, xids=found, probe_errors=probe_errors, notes=notes, options=options)
-    return _result(verdict.as_dict(), runs, disks, gpu, xids)
-
-
-def _result(
-    verdict: Dict[str, Any], runs: List[Dict[str, Any]], disks: List[Dict[str, Any]], gpu: Dict[str, Any], xids: List
-) -> Dict[str, Any]:
-    main = _summary(runs)
-    fullest = max(disks, key=lambda d: max(d.get("bytes_used_pct") or 0.0, d.get("inodes_used_pct") or 0.0))
-    samples = [s for r in runs for s in r.get("monitor_samples") or []]
-    peaks = [s["memory_current"] for s in samples if s.get("memory_current") is not None]
-    limits = [s["memory_max"] for s in samples if s.get("memory_max") is not None]
-    signatures: Dict[str, Dict[str, Any]] = {}
-    for run in runs:
-        for cell in run.get("cells") or []:
-            for found in cell.get("crash_signatures") or []:
-                merged = signatures.setdefault(found["signature"], dict(found, count=0))
-                merged["count"] += found["count"]
-    facts = dict(
-        verdict,
-        run=main["run"] if main else None,
-        alive=sum(r.get("alive") or 0 for r in runs),
-        cells_done=sum(r.get("cells_done") or 0 for r in runs),
-        cells_total=sum(r.get("cells_total") or 0 for r in runs),
-        progress=main.get("progress") if main else None,
-        eta_s=main.get("eta_s") if main else None,
-        log_idle_s=main.get("log_idle_s") if main else None,
-        crash_signatures=list(signatures.values()),
-        disk={k: fullest.get(k) for k in ("path", "bytes_used_pct", "inodes_used_pct")},
-        disks=disks,
-        gpu=[{key: g[key] for key in GPU_KEYS} for g in gpu["gpus"]],
-        gpu_backend=gpu["backend"],
-        gpu_error=gpu["error"],
-        memory={
-            "cgroup_current_bytes": int(peaks[-1]) if peaks else None,
-            "cgroup_max_bytes": int(limits[-1]) if limits else None,
-            "recent_peak_bytes": int(max(peaks)) if peaks else None,
-        },
-        xids=xids,
-        runs=[_run_detail(r) for r in runs],
+    facts = box_facts(verdict.as_dict(), runs, disks, gpu, xids)
+    facts.update(
+        examined_runs=[run["run"] for run in runs],
+        runs_skipped=scanned.get("skipped") or 0,
+        runs_archived=scanned.get("archived") or 0,
+        run_filter=params["run"] or None,
     )
-    facts["msg"] = _message(facts)
     return facts
-
-
-def _run_detail(run: Dict[str, Any]) -> Dict[str, Any]:
-    detail = {key: run.get(key) for key in RUN_KEYS}
-    detail["cells"] = [{key: cell.get(key) for key in CELL_KEYS} for cell in run.get("cells") or []]
-    return detail
-
-
-def _message(facts: Dict[str, Any]) -> str:
-    if facts["run"] is None:
-        return f"{facts['state']}: no run on this box" + (f"; {facts['reasons'][0]}" if facts["reasons"] else "")
-    head = f"{facts['state']}: run {facts['run']}, {facts['cells_done']}/{facts['cells_total']} cells done"
-    return head + (f"; {facts['reasons'][0]}" if facts["reasons"] else "")

@@ -9,11 +9,32 @@ notifying once) and ``actions`` (the findings vocabulary: re_rent, free_disk, re
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List, Optional, Sequence
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._cells import (
+    finite,
+    gpus_idle,
+    judge_cell,
+    no_space,
+    run_eta,
+    run_summary,
+)
+
 # Worst first: the box reports the worst state among its runs and its own probes.
-STATE_ORDER = ("unknown", "crashed", "incomplete", "stalled", "disk_pressure", "running", "done", "idle")
+STATE_ORDER = (
+    "unknown", "crashed", "incomplete", "stalled", "runner_gone", "sync_failed", "disk_pressure", "running", "done",
+    "idle",
+)  # fmt: skip
+GPU_KEYS = ("index", "utilization_pct", "memory_used_mib", "memory_total_mib")
+RUN_KEYS = (
+    "run", "state", "escalate", "reasons", "problems", "actions", "alive", "started_at",
+    "cells_done", "cells_total", "progress", "eta_s", "log_idle_s", "current_cell", "summary",
+)  # fmt: skip
+CELL_KEYS = (
+    "name", "state", "status", "exit_code", "signal", "sync", "sync_error", "done", "attempts", "retries_left",
+    "gpus", "alive", "log_bytes", "log_error", "log_idle_s", "silent_gpus_busy", "progress", "progress_fraction",
+    "eta_s", "lost", "crash_signatures", "exception", "nan_seen",
+)  # fmt: skip
 # What explains a run that ended with cells missing (any other signature is only reported).
 CRASH_SIGNATURES = (
     "python_traceback",
@@ -64,18 +85,11 @@ class Verdict:
         }
 
 
-def finite(value: Any) -> Optional[float]:
-    """A finite number, or None: the box's files are untrusted (NaN, inf, strings, booleans)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def _explaining(cells: Sequence[Dict[str, Any]]) -> List[str]:
     """'cell: signature (first line)' for each unfinished cell whose log or exit explains its end."""
     found = []
     for cell in cells:
-        if cell.get("done"):
+        if cell.get("done") or cell.get("state") == "sync_failed":
             continue
         names = [s["signature"] for s in cell.get("crash_signatures") or [] if s.get("signature") in CRASH_SIGNATURES]
         if names:
@@ -85,21 +99,60 @@ def _explaining(cells: Sequence[Dict[str, Any]]) -> List[str]:
 
 
 def gpu_idle(samples: Sequence[Dict[str, Any]], idle_pct: float, needed: int) -> bool:
-    """Whether the newest ``needed`` monitor samples all saw every GPU at or below ``idle_pct`` utilization.
+    """Whether the newest ``needed`` monitor samples all saw every GPU at or below ``idle_pct`` utilization."""
+    return gpus_idle(samples, None, idle_pct, needed)
 
-    Samples without a GPU reading do not count either way; fewer than ``needed`` readings is no evidence.
-    """
-    if needed <= 0:
-        return False
-    readings = [s["gpus"] for s in samples if isinstance(s.get("gpus"), list) and s["gpus"]][-needed:]
-    if len(readings) < needed:
-        return False
-    for gpus in readings:
-        for gpu in gpus:
-            util = finite(gpu.get("util_pct")) if isinstance(gpu, dict) else None
-            if util is None or util > idle_pct:
-                return False
-    return True
+
+def _signature(cell: Dict[str, Any], name: str) -> Optional[Dict[str, Any]]:
+    return next((s for s in cell.get("crash_signatures") or [] if s.get("signature") == name), None)
+
+
+def _judge_cells(run: Dict[str, Any], options: Dict[str, Any]) -> List[Dict[str, Any]]:
+    cells = run.get("cells") or []
+    for cell in cells:
+        judge_cell(cell, run, options, CRASH_SIGNATURES)
+    run["cells_done"] = sum(1 for cell in cells if cell.get("done"))
+    run["eta_s"] = run_eta(cells, run.get("slots") or 1, bool(run.get("runner_alive")))
+    live = [c for c in cells if c.get("state") in ("running", "stalled")]
+    shown = live or [c for c in cells if c.get("state") == "done"][-1:]
+    run["current_cell"] = shown[0]["name"] if shown else None
+    run["progress"] = shown[0].get("progress") if shown else None
+    return cells
+
+
+def _cell_problems(name: str, cells: Sequence[Dict[str, Any]], going: bool, verdict: Verdict) -> None:
+    """What each cell says on its own: stalls, failures in a run that goes on, a full disk, NaN, a lost log, a
+    failed sync; each escalates under ``<kind>:<run>/<cell>``."""
+    for cell in cells:
+        where, state = f"{name}/{cell['name']}", cell.get("state")
+        if state == "stalled":
+            verdict.add(f"{name}/{cell['stall_reason']}", f"stalled:{where}", "investigate")
+        elif cell.get("silent_gpus_busy"):
+            verdict.add(f"{where}: silent, GPUs busy (its log has not grown for {cell['log_idle_s']:.0f} s)")
+        if state == "failed" and going:
+            left = cell.get("retries_left") or 0
+            why = f": {cell['exception']}" if cell.get("exception") else ""
+            attempts = cell.get("attempts") or 1
+            verdict.add(
+                f"{where}: failed ({_ending(cell)}) after {attempts} attempt{'s' if attempts != 1 else ''}, "
+                f"{left} retr{'ies' if left != 1 else 'y'} left{why}; the run goes on with its other cells",
+                f"cell_failed:{where}",
+                "investigate",
+            )
+        elif state == "running" and (cell.get("attempts") or 1) > 1 and cell.get("exception"):
+            verdict.add(f"{where}: attempt {cell['attempts']} runs after a failure ({cell['exception']})")
+        full = _signature(cell, "disk_full")
+        if full is not None and not cell.get("done") and state != "pending":
+            verdict.add(f"{where}: disk full ({full.get('first_line') or ''})", f"disk_full:{where}", "free_disk")
+        nan = _signature(cell, "nan_loss")
+        if nan is not None:
+            verdict.add(f"{where}: NaN or Inf loss ({nan.get('first_line') or ''})", f"nan_loss:{where}", "investigate")
+        if cell.get("lost"):
+            verdict.add(f"{where}: {cell['lost']}; what it said before is kept", f"log_lost:{where}", "investigate")
+        if state == "sync_failed":
+            error = cell.get("sync_error") or cell.get("reason") or f"sync {cell.get('sync')}"
+            action = "free_disk" if no_space(error) else "investigate"
+            verdict.add(f"{where}: exited 0 but its sync failed: {error}", f"sync_failed:{where}", action)
 
 
 def decide_run(run: Dict[str, Any], options: Dict[str, Any]) -> Verdict:
@@ -109,51 +162,43 @@ def decide_run(run: Dict[str, Any], options: Dict[str, Any]) -> Verdict:
         verdict = Verdict("unknown")
         verdict.add(f"{name}: {run['problem']}", f"unreadable:{name}", "investigate")
         return verdict
-    cells = run.get("cells") or []
-    done = sum(1 for cell in cells if cell.get("done"))
-    nan_cells = [c for c in cells if any(s.get("signature") == "nan_loss" for s in c.get("crash_signatures") or [])]
-    if run.get("alive"):
-        verdict = Verdict("running")
-        idle_s = finite(run.get("log_idle_s"))
-        if idle_s is not None and idle_s >= options["stall_after_s"]:
-            verdict.worsen("stalled")
-            verdict.add(
-                f"{name}: alive but its logs have not grown for {idle_s:.0f} s "
-                f"(stall_after_s {options['stall_after_s']})",
-                f"stalled:{name}",
-                "investigate",
-            )
-        elif gpu_idle(run.get("monitor_samples") or [], options["gpu_idle_pct"], options["gpu_idle_samples"]):
-            verdict.worsen("stalled")
-            verdict.add(
-                f"{name}: alive but every GPU at or below {options['gpu_idle_pct']:g}% utilization over the "
-                f"last {options['gpu_idle_samples']} monitor samples",
-                f"stalled:{name}",
-                "investigate",
-            )
-        for cell in nan_cells:
-            first = next(s for s in cell["crash_signatures"] if s["signature"] == "nan_loss")
-            verdict.add(
-                f"{name}/{cell['name']}: NaN or Inf loss ({first.get('first_line') or ''})",
-                f"nan_loss:{name}",
-                "investigate",
-            )
-        for cell in cells:
-            if cell.get("status") == "failed":
-                verdict.add(f"{name}/{cell['name']}: failed ({_ending(cell)}); the run goes on with its other cells")
+    cells = _judge_cells(run, options)
+    running = [c for c in cells if c.get("state") in ("running", "stalled")]
+    if run.get("runner_alive"):
+        verdict = Verdict("stalled" if any(c["state"] == "stalled" for c in running) else "running")
+        _cell_problems(name, cells, True, verdict)
         return verdict
-    if run.get("done_marker") and cells and done == len(cells):
-        return Verdict("done")
-    missing = [cell["name"] for cell in cells if not cell.get("done")]
+    if running:  # the runner is gone, yet cells of it still run: a relaunch would stop them
+        verdict = Verdict("runner_gone")
+        if any(c["state"] == "stalled" for c in running):
+            verdict.worsen("stalled")
+        idle = [c.get("log_idle_s") for c in running if c.get("log_idle_s") is not None]
+        grew = f" (a log grew {min(idle):.0f} s ago)" if idle else ""
+        verdict.add(
+            f"{name}: the runner is gone but cell{'s' if len(running) > 1 else ''} "
+            f"{', '.join(c['name'] for c in running[:5])} still run{'' if len(running) > 1 else 's'}{grew}: "
+            "let it finish, or stop it (a relaunch stops them)",
+            f"runner_gone:{name}",
+            "investigate",
+        )
+        _cell_problems(name, cells, True, verdict)
+        return verdict
+    if run.get("done_marker") and cells and all(c.get("done") for c in cells):
+        verdict = Verdict("done")
+        _cell_problems(name, cells, False, verdict)  # NaN seen stays flagged on a run that ended DONE
+        return verdict
+    missing = [c["name"] for c in cells if not c.get("done") and c.get("state") != "sync_failed"]
+    if not missing and any(c.get("state") == "sync_failed" for c in cells):
+        verdict = Verdict("sync_failed")
+        _cell_problems(name, cells, False, verdict)
+        return verdict
     explained = _explaining(cells)
     verdict = Verdict("crashed" if explained else "incomplete")
     what = f"{name}: the runner is gone with {len(missing)} of {len(cells)} cells not done ({', '.join(missing[:5])})"
     verdict.add(what, f"{verdict.state}:{name}", "restart_job")
     for line in explained[:5]:
         verdict.add(f"{name}/{line}")
-    for cell in cells:
-        if not cell.get("done") and cell.get("status") == "succeeded":
-            verdict.add(f"{name}/{cell['name']}: succeeded but its sync is {cell.get('sync')}: {cell.get('reason')}")
+    _cell_problems(name, cells, False, verdict)
     return verdict
 
 
@@ -220,3 +265,98 @@ def decide_box(
     for note in notes:
         box.add(note)
     return box
+
+
+def _attention(run: Dict[str, Any]) -> str:
+    """What a run that needs attention has: its state, or its first problem where the state says all is well."""
+    if run.get("state") in ("running", "done") and run.get("problems"):
+        return run["problems"][0].split(":", 1)[0]
+    return str(run.get("state"))
+
+
+def headline(box: Dict[str, Any], runs: Sequence[Dict[str, Any]], main: Optional[Dict[str, Any]]):
+    """The box's one line and the run it names (None when it names several or none): the run the box's state
+    comes from, counting that run's cells, or how many runs need attention."""
+    attention = [run for run in runs if run.get("escalate")]
+    if len(attention) > 1:
+        listed = ", ".join(f"{run['run']} {_attention(run)}" for run in attention[:4])
+        return f"{len(attention)} runs need attention: {listed}{', ...' if len(attention) > 4 else ''}", None
+    target = attention[0] if attention else None
+    if target is None and box.get("escalate"):  # the box's own trouble: a disk, an Xid, a probe
+        return f"{box['state'].upper()}: {box['reasons'][0] if box.get('reasons') else 'escalated'}", None
+    if target is None:
+        target = next((run for run in runs if run.get("state") == box.get("state")), main)
+    if target is None:
+        return "IDLE: no run on this box", None
+    line = f"{str(target.get('state')).upper()} run {target['run']}: "
+    line += f"{target.get('cells_done') or 0}/{target.get('cells_total') or 0} cells done"
+    if target.get("escalate") and target.get("state") in ("running", "done") and target.get("problems"):
+        line += f" ({target['problems'][0]})"
+    return line, target
+
+
+def _main_run(runs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The run the box's plain keys describe: the newest live run, else the newest run."""
+    live = [r for r in runs if r.get("alive")]
+    ordered = sorted(live or runs, key=lambda r: finite(r.get("started_at_s")) or 0.0)
+    return ordered[-1] if ordered else None
+
+
+def box_facts(
+    verdict: Dict[str, Any], runs: List[Dict[str, Any]], disks: List[Dict[str, Any]], gpu: Dict[str, Any], xids: List
+) -> Dict[str, Any]:
+    """The module's facts from the box's verdict and what the probes read (see the module's RETURN)."""
+    main = _main_run(runs)
+    fullest = max(disks, key=lambda d: max(d.get("bytes_used_pct") or 0.0, d.get("inodes_used_pct") or 0.0))
+    samples = [s for r in runs for s in r.get("monitor_samples") or []]
+    peaks = [s["memory_current"] for s in samples if s.get("memory_current") is not None]
+    limits = [s["memory_max"] for s in samples if s.get("memory_max") is not None]
+    signatures: Dict[str, Dict[str, Any]] = {}
+    for run in runs:
+        run["summary"] = run_summary(run) if not run.get("problem") else f"{run['run']}: {run.get('state')}"
+        for cell in run.get("cells") or []:
+            for found in cell.get("crash_signatures") or []:
+                merged = signatures.setdefault(found["signature"], dict(found, count=0))
+                merged["count"] += found["count"]
+    line, named = headline(verdict, runs, main)
+    facts = dict(
+        verdict,
+        run=main["run"] if main else None,
+        headline=line,
+        alive=sum(r.get("alive") or 0 for r in runs),
+        cells_done=sum(r.get("cells_done") or 0 for r in runs),
+        cells_total=sum(r.get("cells_total") or 0 for r in runs),
+        progress=main.get("progress") if main else None,
+        eta_s=main.get("eta_s") if main else None,
+        log_idle_s=main.get("log_idle_s") if main else None,
+        crash_signatures=list(signatures.values()),
+        disk={k: fullest.get(k) for k in ("path", "bytes_used_pct", "inodes_used_pct")},
+        disks=disks,
+        gpu=[{key: g[key] for key in GPU_KEYS} for g in gpu["gpus"]],
+        gpu_backend=gpu["backend"],
+        gpu_error=gpu["error"],
+        memory={
+            "cgroup_current_bytes": int(peaks[-1]) if peaks else None,
+            "cgroup_max_bytes": int(limits[-1]) if limits else None,
+            "recent_peak_bytes": int(max(peaks)) if peaks else None,
+        },
+        xids=xids,
+        runs=[_run_detail(r) for r in runs],
+    )
+    facts["msg"] = _message(facts, named, line)
+    return facts
+
+
+def _run_detail(run: Dict[str, Any]) -> Dict[str, Any]:
+    detail = {key: run.get(key) for key in RUN_KEYS}
+    detail["cells"] = [{key: cell.get(key) for key in CELL_KEYS} for cell in run.get("cells") or []]
+    return detail
+
+
+def _message(facts: Dict[str, Any], named: Optional[Dict[str, Any]], line: str) -> str:
+    """``<state>``: the run the state comes from with its own cells (or the headline), then the first reason."""
+    reason = f"; {facts['reasons'][0]}" if facts["reasons"] else ""
+    if named is not None:
+        cells = f"{named.get('cells_done') or 0}/{named.get('cells_total') or 0} cells done"
+        return f"{facts['state']}: run {named['run']}, {cells}{reason}"
+    return f"{facts['state']}: {line if facts['runs'] else 'no run on this box'}{reason}"

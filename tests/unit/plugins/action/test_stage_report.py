@@ -43,3 +43,46 @@ def test_a_report_that_cannot_be_written_fails_after_the_lines(tmp_path: Path) -
     )
     assert result.get("failed") is True
     assert result["msg"][0].startswith("b1  REFUSED") and result["msg"][-1].startswith("report NOT written")
+
+
+def patrol_record(host: str, **facts: Any) -> Dict[str, Any]:
+    record = {"host": host, "state": "running", "escalate": False, "problems": [], "reasons": [], "reachable": True}
+    record.update(facts)
+    record["status"] = record["state"].upper()
+    record["line"] = f"{host}  {record['status']}"
+    return record
+
+
+def test_a_patrol_tick_reports_every_host_and_keeps_the_notification_state(tmp_path: Path) -> None:
+    crashed = patrol_record(
+        "b1", state="crashed", escalate=True, problems=["crashed:alpha"], reasons=["alpha: the runner is gone"]
+    )
+    task_vars = {"ansible_play_hosts_all": ["b1", "b2"], "hostvars": {"b1": {"patrol_box": crashed}, "b2": {}}}
+    args = {"stage": "patrol", "result_var": "patrol_box", "report_dir": str(tmp_path), "notify": {"timeout_s": 5}}
+    result = report(args, task_vars)
+    assert not result.get("failed")
+    assert result["msg"][0] == "b1  CRASHED"
+    assert result["msg"][1] == "    alpha: the runner is gone"
+    # b2 never reached its patrol step: unreachable, never dropped from the report.
+    assert result["msg"][2].startswith("b2  UNREACHABLE  no patrol record")
+    assert result["msg"][4].startswith("SUMMARY: 2 hosts: 1 crashed, 1 unreachable; escalated: b1 (crashed)")
+    assert any(line.startswith("not sent (patrol_notify_webhook_url is not set)") for line in result["msg"])
+    state = json.loads((tmp_path / "patrol-state.json").read_text())
+    assert state["hosts"]["b1"]["problems"] == ["crashed:alpha"]
+    assert stat.S_IMODE(os.stat(tmp_path / "patrol-state.json").st_mode) == 0o600
+    document = json.loads((tmp_path / "patrol-latest.json").read_text())
+    assert [host["status"] for host in document["hosts"]] == ["CRASHED", "UNREACHABLE"]
+
+
+def test_a_patrol_tick_in_check_mode_sends_nothing_and_keeps_no_state(tmp_path: Path) -> None:
+    crashed = patrol_record("b1", state="crashed", escalate=True, problems=["crashed:alpha"])
+    task = MagicMock(async_val=0, check_mode=True)
+    task.args = {
+        "stage": "patrol", "result_var": "patrol_box", "report_dir": str(tmp_path),
+        "notify": {"webhook_url": "http://127.0.0.1:9/hook/SECRET", "timeout_s": 5},
+    }  # fmt: skip
+    action = ActionModule(task, MagicMock(), MagicMock(), loader=None, templar=None, shared_loader_obj=None)
+    result = action.run(task_vars={"ansible_play_hosts_all": ["b1"], "hostvars": {"b1": {"patrol_box": crashed}}})
+    assert any(line.startswith("would notify: ") for line in result["msg"])
+    assert not (tmp_path / "patrol-state.json").exists()
+    assert "SECRET" not in json.dumps(result) and "SECRET" not in (tmp_path / "patrol-latest.json").read_text()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import time
 import tracemalloc
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -103,6 +104,12 @@ MATCHES = [
     ("nan_loss", "step 7 grad_norm: nan"),
     ("nan_loss", "val_loss: tensor(nan, device='cuda:0')"),
     ("nan_loss", '{"train_loss": Infinity, "step": 9}'),
+    ("nan_loss", "loss: inf"),  # no best-so-far key: a diverged loss
+    ("nan_loss", "best_val_loss: -inf"),  # only +inf is the initial best-so-far
+    ("nan_loss", "best_loss: nan"),
+    ("nan_loss", "step 9 best_loss: inf loss: nan"),
+    ("nan_loss", "val_loss: inf best_val_loss: inf"),
+    ("nan_loss", "best_val_loss: 0.52 loss: inf"),  # "best" names the earlier key, not this one
     ("segfault", "Segmentation fault (core dumped)"),
     ("segfault", "Fatal Python error: Segmentation fault"),
     ("segfault", "worker 3 died with <Signals.SIGSEGV: 11>"),
@@ -151,6 +158,24 @@ DECOYS = [
     "nan_count=0 inf_count=0",
     "Segmentation of the dataset done: 3 shards",
     "min loss -infinite? no: loss 0.2",
+    # an initial best-so-far printed as +inf before the first validation is no diverged loss
+    "best_val_loss: inf",
+    "best_loss=inf",
+    "min_val_loss inf",
+    "best metric inf",
+    "Epoch 0: best_val_loss: inf, lr: 0.001",
+    "{'best_val_loss': inf, 'epoch': 0}",
+    "Best validation loss: Infinity",
+    "lowest_eval_loss = +inf",
+    "val/best_loss: inf",
+    "bestValLoss: inf",
+    "MIN_LOSS: INF",
+    "minimum loss inf",
+    # the runner's own lines in a cell log are not the command's
+    "[rgt 2025-05-01T12:00:00.123456+00:00] SYNC FAILED: [Errno 28] No space left on device (the scratch copy is kept)",
+    "[rgt 2025-05-01T12:00:00.123456+00:00] attempt 1/2 ended by signal 9 (SIGKILL)",
+    "[rgt 2025-05-01T12:00:00.123456+00:00] attempt 2/2 exit status 137",
+    "[rgt 2025-05-01T12:00:00.123456+00:00] attempt 1/1 ended by signal 11 (SIGSEGV), timeout after 60 s",
 ]
 
 
@@ -285,6 +310,35 @@ def test_bad_user_patterns_are_refused_naming_the_pattern(patterns, why):
     assert "Traceback" not in str(caught.value) and "\n" not in str(caught.value)
 
 
+RUNNER = "[rgt 2025-05-01T12:00:00.123456+00:00]"
+
+
+def test_the_runners_own_lines_count_for_no_signature_and_no_progress(tmp_path):
+    signatures = compile_signatures([{"name": "sync", "regex": "SYNC FAILED"}, {"name": "attempt", "regex": "attempt"}])
+    progress = compile_progress(r"attempt (?P<step>\d+)/(?P<steps>\d+)")
+    log = tmp_path / "log"
+    log.write_text(
+        f"{RUNNER} attempt 1/3 starting on GPUs 0,1\nattempt 7/9 of the data loader\n"
+        f"{RUNNER} attempt 1/3 ended by signal 9 (SIGKILL)\n{RUNNER} attempt 2/3 exit status 137\n"
+        f"{RUNNER} SYNC FAILED: [Errno 28] No space left on device (the scratch copy is kept)\n"
+        "[rgt no stamp] Killed\n"
+    )
+    scan = tick(log, signatures=signatures, progress=progress)[0]
+    assert found(scan) == {"attempt": (1, "attempt 7/9 of the data loader")}
+    assert scan["progress"]["step"] == 7  # not the runner's later "attempt 2/3"
+
+
+def test_a_runner_line_glued_to_an_unfinished_bar_cuts_the_line(tmp_path):
+    log = tmp_path / "log"  # a SIGKILLed command leaves its bar without a line end; the runner writes after it
+    log.write_text(
+        f"\rEpoch 2:  30%|###  | 60/200 [00:10<00:20, 8.1it/s]{RUNNER} attempt 1/1 ended by signal 9 (SIGKILL)\n"
+    )
+    scan = tick(log)[0]
+    assert found(scan) == {} and (scan["progress"]["epoch"], scan["progress"]["step"]) == (2, 60)
+    log.write_text(f"Killed{RUNNER} attempt 1/1 exit status 0\nstep 3/9 loss nan {RUNNER} Segmentation fault\n")
+    assert sorted(found(tick(log)[0])) == ["killed", "nan_loss"]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Progress
 # ---------------------------------------------------------------------------------------------------------------
@@ -403,33 +457,82 @@ def test_a_warm_tick_reads_only_the_new_bytes_and_keeps_what_earlier_ticks_found
     assert cursor["offset"] == log.stat().st_size == warm["size"]
 
 
-def test_a_truncated_log_is_scanned_again_from_the_start(tmp_path):
+def test_a_truncated_log_is_scanned_again_and_what_it_showed_stays_seen(tmp_path):
     log = tmp_path / "log"
     log.write_text("Killed\n" * 3 + "epoch 5/5\n")
     scan, cursor = tick(log)
-    log.write_text("epoch 1/5\n")  # same inode, shorter
+    assert scan["lost"] is None and cursor["lost"] is None
+    log.write_text("epoch 1/5\nKilled\n")  # same inode, shorter
     scan, cursor = tick(log, cursor)
-    assert scan["restarted"] and found(scan) == {} and scan["progress"]["epoch"] == 1
-    assert scan["read_bytes"] == 10
+    assert scan["restarted"] and scan["progress"]["epoch"] == 1 and scan["read_bytes"] == 17
+    assert scan["lost"] == "log truncated (was 31 bytes, now 17)" == cursor["lost"]
+    assert found(scan) == {"killed": (4, "Killed")}  # 3 before the truncation, 1 after
+    append(log, b"epoch 2/5\n")
+    scan, cursor = tick(log, cursor)  # sticky: the log growing again does not clear it
+    assert scan["lost"] == "log truncated (was 31 bytes, now 17)" and found(scan) == {"killed": (4, "Killed")}
+    assert not scan["restarted"] and scan["read_bytes"] == 10
 
 
-def test_a_rotated_log_is_scanned_again_from_the_start(tmp_path):
+def test_a_rotated_log_is_a_replaced_log_and_its_crash_stays_seen(tmp_path):
     log = tmp_path / "log"
     log.write_text("CUDA out of memory\n" + "epoch 1/5 step 1/3 loss 0.5\n" * 50)
     scan, cursor = tick(log)
     os.rename(log, tmp_path / "log.1")  # logrotate: mv log log.1; touch log
     log.write_text("epoch 2/5 step 1/3 loss 0.3\n")
     scan, cursor = tick(log, cursor)
-    assert scan["restarted"] and found(scan) == {} and scan["progress"]["epoch"] == 2
+    assert scan["restarted"] and scan["progress"]["epoch"] == 2 and scan["lost"] == "log replaced by another file"
+    assert found(scan) == {"cuda_oom": (1, "CUDA out of memory")} and cursor["signatures"] == []
 
 
-def test_a_log_rewritten_past_the_offset_is_scanned_again(tmp_path):
+def test_a_log_rewritten_past_the_offset_is_a_truncated_log(tmp_path):
     log = tmp_path / "log"
     log.write_text("Killed\nepoch 1/5\n")
     scan, cursor = tick(log)
     log.write_text("epoch 1/5 step 1/9 loss 0.5\nepoch 1/5 step 2/9 loss 0.4\n")  # copytruncate, then regrown
     scan, cursor = tick(log, cursor)
-    assert scan["restarted"] and found(scan) == {} and scan["progress"]["step"] == 2
+    assert scan["restarted"] and scan["progress"]["step"] == 2 and found(scan) == {"killed": (1, "Killed")}
+    assert scan["lost"] == "log truncated (was 17 bytes, now 56)"
+
+
+def test_a_log_cut_between_the_offset_and_its_size_is_a_truncated_log(tmp_path):
+    log = tmp_path / "log"
+    log.write_text("Killed\n" + "epoch 1/5 step 1/9 loss 0.5\n" * 20_000)
+    scan, cursor = tick(log, max_bytes=1000)  # far behind: the offset lies well before the end
+    os.truncate(log, 100_000)
+    scan, cursor = tick(log, cursor, max_bytes=1000)
+    assert scan["lost"] == f"log truncated (was {20_000 * 28 + 7} bytes, now 100000)" and not scan["restarted"]
+    assert found(scan)["killed"] == (1, "Killed") and cursor["offset"] == 2000  # what it counted is intact
+
+
+def test_a_deleted_log_keeps_its_cursor_signatures_and_progress(tmp_path):
+    log = tmp_path / "log"
+    log.write_text("epoch 2/5 step 3/9 loss nan\n")
+    scan, cursor = tick(log, now=1_000.0)
+    log.unlink()
+    for _tick in range(2):  # the next tick still knows
+        scan, cursor = tick(log, cursor, now=2_000.0)
+        assert cursor is not None and cursor["lost"] == "log deleted (was 28 bytes)" == scan["lost"]
+        assert (scan["exists"], scan["error"], scan["size"], scan["progress"]["step"]) == (False, None, None, 3)
+        assert found(scan) == {"nan_loss": (1, "epoch 2/5 step 3/9 loss nan")}
+        assert scan["last_growth"] == 1_000.0  # nothing grew since
+    log.write_text("epoch 1/5\n")  # a new log where the old one was: the first reason stays
+    scan, cursor = tick(log, cursor, now=3_000.0)
+    assert scan["lost"] == "log deleted (was 28 bytes)" and scan["exists"] and scan["restarted"]
+    assert found(scan) == {"nan_loss": (1, "epoch 2/5 step 3/9 loss nan")} and scan["progress"]["epoch"] == 1
+    assert scan["last_growth"] == 3_000.0
+
+
+def test_a_config_change_after_a_loss_keeps_what_the_lost_log_showed_and_counts_the_rest_once(tmp_path):
+    log = tmp_path / "log"
+    log.write_text("Killed\nHfHubHTTPError: 502\n")
+    scan, cursor = tick(log)
+    log.write_text("HfHubHTTPError: 503\n")
+    scan, cursor = tick(log, cursor)
+    mine = compile_signatures([{"name": "hf_hub", "regex": "HfHubHTTPError"}])
+    for _tick in range(2):
+        scan, cursor = tick(log, cursor, signatures=mine)
+        assert found(scan) == {"killed": (1, "Killed"), "hf_hub": (1, "HfHubHTTPError: 503")}
+        assert scan["lost"] == "log truncated (was 27 bytes, now 20)"
 
 
 def test_other_patterns_rescan_the_log(tmp_path):
@@ -445,6 +548,7 @@ def test_other_patterns_rescan_the_log(tmp_path):
     "broken",
     [
         {"schema": 2},
+        {"schema": 3},
         {"schema": 1},
         {"schema": 1, "dev": "x", "inode": 1, "offset": 0, "size": 0},
         "not a dict",
@@ -464,10 +568,14 @@ def test_every_corrupted_field_makes_the_cursor_unusable(tmp_path):
     bad_values = {
         "offset": -1, "size": True, "config": 3, "fingerprint": None, "carry": "!!not base64", "skipping": "no",
         "last_growth": "soon", "progress": {"epoch": "x", "line": ""}, "signatures": [{"signature": "x"}],
+        "lost": 3, "before": [{"signature": "x", "count": -1, "first_line": None}],
     }  # fmt: skip
     for key, value in bad_values.items():
         assert tick(log, dict(cursor, **{key: value}))[0]["restarted"], key
     assert tick(log, dict(cursor, carry="eA==" * 2000))[0]["restarted"]  # a carry over 4 KiB
+    for growth in (None, float("nan"), float("inf"), True):
+        assert tick(log, dict(cursor, last_growth=growth))[0]["restarted"], growth
+    assert tick(log, dict(cursor, offset=8, size=7))[0]["restarted"]  # an offset past the size it saw
 
 
 def test_binary_garbage_is_harmless(tmp_path):
@@ -566,18 +674,61 @@ def test_a_cold_tick_on_a_long_log_shows_the_crash_at_its_end_and_counts_it_once
     assert [(e["signature"], e["count"]) for e in cursor["signatures"]] == [("python_traceback", 1), ("cuda_oom", 1)]
 
 
-def test_last_growth_is_the_mtime_when_the_log_grew(tmp_path):
+def test_last_growth_is_the_ticks_clock_and_the_mtime_only_at_first_sight(tmp_path):
     log = tmp_path / "log"
     log.write_text("epoch 1/2\n")
     os.utime(log, (1_000_000, 1_000_000))
-    scan, cursor = tick(log)
+    scan, cursor = tick(log, now=1_500_000.0)
     assert scan["last_growth"] == 1_000_000 == scan["mtime"]
     os.utime(log, (2_000_000, 2_000_000))  # touched, not grown
-    scan, cursor = tick(log, cursor)
+    scan, cursor = tick(log, cursor, now=2_500_000.0)
     assert (scan["last_growth"], scan["mtime"]) == (1_000_000, 2_000_000)
     append(log, b"epoch 2/2\n")
     os.utime(log, (3_000_000, 3_000_000))
-    assert tick(log, cursor)[0]["last_growth"] == 3_000_000
+    assert tick(log, cursor, now=3_500_000.0)[0]["last_growth"] == 3_500_000.0  # the tick saw it grow
+
+
+def test_a_log_whose_mtime_lies_in_the_future_does_not_blind_the_stall_rule(tmp_path):
+    log = tmp_path / "log"
+    log.write_text("epoch 1/2\n")
+    os.utime(log, (9_000_000, 9_000_000))  # a clock stepped back, or a volume whose server runs ahead
+    scan, cursor = tick(log, now=1_000_000.0)
+    assert scan["last_growth"] == 1_000_000.0
+    scan, cursor = tick(log, cursor, now=1_003_600.0)  # silent for an hour: an hour idle, whatever the mtime
+    assert scan["last_growth"] == 1_000_000.0
+    append(log, b"epoch 2/2\n")
+    os.utime(log, (9_500_000, 9_500_000))
+    scan, cursor = tick(log, cursor, now=1_007_200.0)
+    assert scan["last_growth"] == 1_007_200.0
+    scan, cursor = tick(log, cursor, now=1_005_000.0)  # the tick's own clock stepped back
+    assert scan["last_growth"] == 1_005_000.0
+
+
+def test_now_defaults_to_the_wall_clock(tmp_path):
+    log = tmp_path / "log"
+    log.write_text("epoch 1/2\n")
+    future = time.time() + 86_400
+    os.utime(log, (future, future))
+    before = time.time()
+    scan = tick(log)[0]
+    assert before <= scan["last_growth"] <= time.time()
+
+
+def test_a_schema_1_cursor_is_rescanned_once_and_its_mtime_growth_is_dropped(tmp_path):
+    log = tmp_path / "log"
+    log.write_text("Killed\nbest_val_loss: inf\n[rgt 2025-05-01T12:00:00.000000+00:00] SYNC FAILED: [Errno 28]\n")
+    os.utime(log, (1_000, 1_000))
+    cursor = tick(log, now=2_000.0)[1]
+    old = {key: value for key, value in cursor.items() if key not in ("lost", "before")}
+    old.update(schema=1, last_growth=9_000_000.0)  # what the previous release saved: a future mtime, and
+    old["signatures"] = [  # what it counted on lines that are no longer matched
+        {"signature": "killed", "count": 1, "first_line": "Killed"},
+        {"signature": "disk_full", "count": 1, "first_line": "[rgt 2025-05-01T12:00:00.000000+00:00] SYNC FAILED"},
+        {"signature": "nan_loss", "count": 1, "first_line": "best_val_loss: inf"},
+    ]
+    scan, cursor = tick(log, old, now=3_000.0)
+    assert scan["restarted"] and found(scan) == {"killed": (1, "Killed")} and scan["lost"] is None
+    assert scan["last_growth"] == 1_000 and cursor["schema"] == _log_scan.SCHEMA == 2
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -592,6 +743,7 @@ def test_a_missing_log_has_no_cursor(tmp_path):
         None,
     )
     assert tick(tmp_path / "file" / "log")[1] is None  # a path through a file is missing too
+    assert scan["lost"] is None  # never seen: nothing was lost
 
 
 def test_an_unreadable_log_is_an_error_and_keeps_the_old_cursor(tmp_path, monkeypatch):

@@ -158,7 +158,7 @@ def test_a_live_run_whose_log_stopped_growing_is_stalled(tmp_path):
         wait_for(lambda: log.exists() and b"epoch 1/2" in log.read_bytes(), what="the first step")
         time.sleep(1.2)
         facts = tick(tmp_path, stall_after_s=1)
-        assert (facts["state"], facts["escalate"], facts["problems"]) == ("stalled", True, ["stalled:sweep"])
+        assert (facts["state"], facts["escalate"], facts["problems"]) == ("stalled", True, ["stalled:sweep/a"])
         assert facts["alive"] >= 2 and facts["log_idle_s"] >= 1
     finally:
         stop(process)
@@ -187,7 +187,7 @@ def test_a_nan_loss_in_a_live_run_escalates(tmp_path):
         log = run_dir / "cells" / "a" / "log"
         wait_for(lambda: log.exists() and b"loss nan" in log.read_bytes(), what="a NaN loss")
         facts = tick(tmp_path)
-        assert (facts["state"], facts["escalate"], facts["problems"]) == ("running", True, ["nan_loss:sweep"])
+        assert (facts["state"], facts["escalate"], facts["problems"]) == ("running", True, ["nan_loss:sweep/a"])
         assert facts["progress"]["epochs_total"] is None  # "epoch 1/inf" has no total
     finally:
         stop(process)
@@ -209,9 +209,11 @@ def test_only_the_named_run_is_patrolled(tmp_path):
     run_to_end(done_dir)
     crashed = make_run(tmp_path, [{"name": "a", "command": train("--crash")}], name="other", artifacts=["best.pth"])
     run_to_end(crashed)
-    assert tick(tmp_path, run="sweep")["state"] == "done"
+    named = tick(tmp_path, run="sweep")
+    assert (named["state"], named["examined_runs"], named["run_filter"]) == ("done", ["sweep"], "sweep")
     assert tick(tmp_path)["state"] == "crashed"
-    assert tick(tmp_path, run="absent")["state"] == "idle"
+    with pytest.raises(_patrol.PatrolError, match=r"^run swep is not on this box .*; the closest run there is sweep$"):
+        tick(tmp_path, run="swep")
 
 
 def test_monitor_samples_with_nan_and_strings_read_as_unknown(tmp_path):

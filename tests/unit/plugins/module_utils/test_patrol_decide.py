@@ -45,29 +45,34 @@ def box(runs=(), disks=(), xids=(), probe_errors=None, notes=()):
     )
 
 
+def live(**view: Any) -> Dict[str, Any]:
+    """A run whose runner lives."""
+    return a_run(runner_alive=True, alive=view.pop("alive", 1), **view)
+
+
 def test_alive_and_progressing_is_running_and_not_escalated():
-    verdict = decide_run(a_run(alive=3, cells=[cell("a", "running")], monitor_samples=samples(90, 95, 97)), OPTIONS)
+    verdict = decide_run(live(alive=3, cells=[cell("a", "running")], monitor_samples=samples(90, 95, 97)), OPTIONS)
     assert (verdict.state, verdict.escalate, verdict.problems) == ("running", False, [])
 
 
 def test_alive_with_logs_idle_for_stall_after_s_is_stalled():
-    verdict = decide_run(a_run(alive=1, log_idle_s=1800.0, cells=[cell("a", "running")]), OPTIONS)
+    verdict = decide_run(live(cells=[cell("a", "running", log_idle_s=1800.0)]), OPTIONS)
     assert (verdict.state, verdict.escalate, verdict.problems, verdict.actions) == (
         "stalled",
         True,
-        ["stalled:sweep"],
+        ["stalled:sweep/a"],
         ["investigate"],
     )
-    assert "1800 s" in verdict.reasons[0]
+    assert verdict.reasons[0].startswith("sweep/a: its log has not grown for 1800 s")
 
 
 def test_alive_with_logs_idle_just_under_stall_after_s_is_running():
-    assert decide_run(a_run(alive=1, log_idle_s=1799.0), OPTIONS).state == "running"
+    assert decide_run(live(cells=[cell("a", "running", log_idle_s=1799.0)]), OPTIONS).state == "running"
 
 
 def test_alive_with_every_gpu_idle_over_the_recent_samples_is_stalled():
-    verdict = decide_run(a_run(alive=1, monitor_samples=samples(95, 0, 1, 0)), OPTIONS)
-    assert (verdict.state, verdict.problems) == ("stalled", ["stalled:sweep"])
+    verdict = decide_run(live(cells=[cell("a", "running")], monitor_samples=samples(95, 0, 1, 0)), OPTIONS)
+    assert (verdict.state, verdict.problems) == ("stalled", ["stalled:sweep/a"])
     assert "utilization" in verdict.reasons[0]
 
 
@@ -97,15 +102,25 @@ def test_gpu_idle_looks_at_every_gpu_of_a_sample():
 
 def test_a_nan_loss_in_a_live_run_escalates_with_that_reason_and_keeps_the_state():
     nan = signature("nan_loss", "epoch 2/5 step 3/10 loss nan")
-    verdict = decide_run(a_run(alive=2, cells=[cell("a", "running", signatures=[nan])]), OPTIONS)
-    assert (verdict.state, verdict.escalate, verdict.problems) == ("running", True, ["nan_loss:sweep"])
+    verdict = decide_run(live(alive=2, cells=[cell("a", "running", signatures=[nan])]), OPTIONS)
+    assert (verdict.state, verdict.escalate, verdict.problems) == ("running", True, ["nan_loss:sweep/a"])
     assert "loss nan" in verdict.reasons[0]
 
 
-def test_a_failed_cell_in_a_live_run_is_a_reason_not_an_escalation():
-    verdict = decide_run(a_run(alive=1, cells=[cell("a", "failed", exit_code=1), cell("b", "running")]), OPTIONS)
-    assert (verdict.state, verdict.escalate) == ("running", False)
-    assert verdict.reasons == ["sweep/a: failed (exit 1); the run goes on with its other cells"]
+def test_a_failed_cell_in_a_live_run_escalates_with_its_exception_line_and_retries_left():
+    traceback = signature("python_traceback", "ValueError: bad shape (3, 4)")
+    failed = cell("a", "failed", exit_code=1, attempts=2, retries=1, signatures=[traceback])
+    verdict = decide_run(live(cells=[failed, cell("b", "running")]), OPTIONS)
+    assert (verdict.state, verdict.escalate, verdict.problems, verdict.actions) == (
+        "running",
+        True,
+        ["cell_failed:sweep/a"],
+        ["investigate"],
+    )
+    assert verdict.reasons == [
+        "sweep/a: failed (exit 1) after 2 attempts, 0 retries left: ValueError: bad shape (3, 4); "
+        "the run goes on with its other cells"
+    ]
 
 
 def test_not_alive_with_done_and_every_cell_done_is_done():
@@ -114,11 +129,19 @@ def test_not_alive_with_done_and_every_cell_done_is_done():
     assert (verdict.state, verdict.escalate, verdict.reasons) == ("done", False, [])
 
 
-def test_done_marker_with_a_cell_not_done_is_not_done():
-    cells = [cell("a", "succeeded", done=True), cell("b", "succeeded", done=False, sync="failed", reason="ENOSPC")]
-    verdict = decide_run(a_run(done_marker=True, cells=cells), OPTIONS)
-    assert (verdict.state, verdict.problems) == ("incomplete", ["incomplete:sweep"])
-    assert any("its sync is failed: ENOSPC" in reason for reason in verdict.reasons)
+def test_a_cell_that_exited_0_but_whose_sync_failed_is_sync_failed_not_crashed():
+    error = "rsync: write failed on /durable/runs/sweep/cells/b/best.pth: No space left on device (28)"
+    cells = [cell("a", "succeeded", done=True), cell("b", "succeeded", done=False, sync="failed", sync_error=error)]
+    verdict = decide_run(a_run(done_marker=False, cells=cells), OPTIONS)
+    assert (verdict.state, verdict.problems, verdict.actions) == ("sync_failed", ["sync_failed:sweep/b"], ["free_disk"])
+    assert verdict.reasons == [f"sweep/b: exited 0 but its sync failed: {error}"]
+    assert cells[1]["state"] == "sync_failed"
+
+
+def test_a_sync_failure_for_another_cause_is_investigated():
+    cells = [cell("b", "succeeded", sync="failed", sync_error="manifest mismatch: best.pth")]
+    verdict = decide_run(a_run(cells=cells), OPTIONS)
+    assert (verdict.state, verdict.actions) == ("sync_failed", ["investigate"])
 
 
 def test_not_alive_with_cells_missing_and_a_crash_signature_is_crashed():
@@ -174,7 +197,7 @@ def test_no_run_on_the_box_is_idle():
 def test_disk_bytes_or_inodes_at_the_threshold_is_disk_pressure(key):
     disk = {"name": "data", "path": "/data", "bytes_used_pct": 10.0, "inodes_used_pct": 10.0}
     disk[key] = 95.0
-    verdict = box(runs=[a_run(alive=1)], disks=[disk])
+    verdict = box(runs=[live()], disks=[disk])
     assert (verdict.state, verdict.escalate, verdict.problems, verdict.actions) == (
         "disk_pressure",
         True,
@@ -188,13 +211,13 @@ def test_disk_just_under_the_threshold_and_nan_readings_are_not_pressure():
         {"name": "data", "path": "/data", "bytes_used_pct": 94.9, "inodes_used_pct": math.nan},
         {"name": "durable", "path": "/d", "bytes_used_pct": math.inf, "inodes_used_pct": "99"},
     ]
-    verdict = box(runs=[a_run(alive=1)], disks=disks)
+    verdict = box(runs=[live()], disks=disks)
     assert (verdict.state, verdict.escalate) == ("running", False)
 
 
 def test_a_disk_probe_that_hung_escalates_without_changing_the_state():
     hung = {"name": "durable", "path": "/mnt/nas", "error": "did not answer the usage probe within the deadline"}
-    verdict = box(runs=[a_run(alive=1)], disks=[hung])
+    verdict = box(runs=[live()], disks=[hung])
     assert (verdict.state, verdict.problems) == ("running", ["probe_failed:durable"])
 
 
@@ -208,10 +231,10 @@ def test_a_crashed_run_outranks_disk_pressure_and_both_are_reported():
 
 def test_the_box_takes_the_worst_run_and_records_each_runs_verdict():
     done = a_run(run="old", done_marker=True, cells=[cell("a", "succeeded", done=True)])
-    stalled = a_run(run="new", alive=1, log_idle_s=4000.0)
+    stalled = live(run="new", cells=[cell("a", "running", log_idle_s=4000.0)])
     runs = [done, stalled]
     verdict = box(runs=runs)
-    assert (verdict.state, verdict.problems) == ("stalled", ["stalled:new"])
+    assert (verdict.state, verdict.problems) == ("stalled", ["stalled:new/a"])
     assert (runs[0]["state"], runs[1]["state"], runs[1]["escalate"]) == ("done", "stalled", True)
 
 
@@ -224,7 +247,7 @@ def test_a_gpu_lost_xid_escalates_a_running_box_with_re_rent():
         "action": "re_rent",
     }
     app = {"code": "xid_application", "level": "WARN", "gpu": 0, "message": "Xid 13 on GPU 0", "action": "investigate"}
-    verdict = box(runs=[a_run(alive=1)], xids=[lost, app])
+    verdict = box(runs=[live()], xids=[lost, app])
     assert (verdict.state, verdict.escalate, verdict.problems, verdict.actions) == (
         "running",
         True,
@@ -254,4 +277,4 @@ def test_a_probe_that_failed_is_unknown_and_notes_are_only_reasons():
 
 @pytest.mark.parametrize("idle", [math.nan, math.inf, "3600", True, None])
 def test_a_log_idle_that_is_not_a_finite_number_never_stalls(idle):
-    assert decide_run(a_run(alive=1, log_idle_s=idle), OPTIONS).state == "running"
+    assert decide_run(live(cells=[cell("a", "running", log_idle_s=idle)]), OPTIONS).state == "running"

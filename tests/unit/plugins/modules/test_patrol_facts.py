@@ -65,10 +65,31 @@ def test_a_progress_regex_without_the_named_groups_names_the_option(tmp_path, ru
     assert code == 1 and "progress_regex" in result["msg"]
 
 
-def test_nvml_backend_without_pynvml_names_the_package(tmp_path, run_module, monkeypatch):
-    monkeypatch.setattr(patrol_facts._monitor, "pynvml", None)
-    code, result = run_module(patrol_facts, {"data_dir": str(tmp_path), "gpu_backend": "nvml"})
-    assert code == 1 and "nvidia-ml-py" in result["msg"]
+def test_nvml_backend_without_pynvml_names_the_package_and_the_venv_it_looked_in(tmp_path, run_module, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # neither the base Python nor the venv has it
+    args = {"data_dir": str(tmp_path), "gpu_backend": "nvml", "kernel_log": False, "venv": str(tmp_path / "venv")}
+    code, result = run_module(patrol_facts, args)
+    assert code == 0 and "needs nvidia-ml-py" in result["gpu_error"] and str(tmp_path / "venv") in result["gpu_error"]
+
+
+def test_a_run_asked_for_that_is_not_on_the_box_fails_naming_it_and_the_closest_run(tmp_path, run_module):
+    make_run(tmp_path, [{"name": "a", "command": train()}])
+    (tmp_path / "data" / "runs" / "sweep" / "run.json").write_text(json.dumps({"schema": 1, "run": "sweep"}))
+    args = {"data_dir": str(tmp_path / "data"), "run": "swep", "kernel_log": False, "gpu_backend": "nvidia-smi"}
+    code, result = run_module(patrol_facts, args)
+    assert code == 1 and result["failed"] is True and "\n" not in result["msg"]
+    assert result["msg"].startswith("run swep is not on this box") and "closest run there is sweep" in result["msg"]
+
+
+def test_the_new_keys_are_returned_and_documented(tmp_path, run_module):
+    (tmp_path / "data").mkdir()
+    args = {"data_dir": str(tmp_path / "data"), "kernel_log": False, "gpu_backend": "nvidia-smi"}
+    code, result = run_module(patrol_facts, args)
+    assert code == 0
+    assert (result["headline"], result["examined_runs"], result["runs_skipped"]) == ("IDLE: no run on this box", [], 0)
+    assert (result["runs_archived"], result["run_filter"]) == (0, None)
+    documented = yaml.safe_load(patrol_facts.RETURN)
+    assert set(result["ansible_facts"]["patrol"]) <= set(documented)
 
 
 def test_the_facts_are_returned_as_plain_keys_and_under_ansible_facts(tmp_path, run_module):
@@ -89,7 +110,8 @@ def test_the_facts_are_returned_as_plain_keys_and_under_ansible_facts(tmp_path, 
     assert {key: result[key] for key in facts} == facts
     assert (facts["state"], facts["cells_total"], facts["alive"]) == ("incomplete", 1, 0)
     assert [s["signature"] for s in facts["crash_signatures"]] == ["dataloader_died"]
-    assert facts["progress"]["epoch"] == 1 and facts["progress"]["epochs_total"] == 2
+    assert facts["progress"] is None  # a cell that is not running shows no progress
+    assert facts["runs"][0]["cells"][0]["progress"]["epoch"] == 1
 
 
 def scenario_with(tmp_path, source: str, **gpu: object) -> str:

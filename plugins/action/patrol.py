@@ -1,0 +1,52 @@
+# Copyright (c) remote_gpu.trainer contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action of remote_gpu.trainer.patrol: one box's patrol tick in one controller step (see the module's docs)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping
+
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_lines as lines
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_record as records
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_settings as options
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import (
+    BoxUnreachable,
+    StageAction,
+    unknown_variables,
+)
+
+
+class ActionModule(StageAction):
+    ARGUMENT_SPEC = options.ARGUMENT_SPEC
+    PREFIX = "patrol_"
+
+    def refuse(self, task_vars: Dict[str, Any], args: Mapping[str, Any], problems: List[str]) -> Dict[str, Any]:
+        run_filter = args.get("run") if isinstance(args.get("run"), str) else ""
+        record = records.broken(self.host(task_vars), "; ".join(problems), "patrol_error", run_filter=run_filter)
+        return self.finish(record)
+
+    def stage(self, args: Dict[str, Any], task_vars: Dict[str, Any]) -> Dict[str, Any]:
+        problems = unknown_variables(task_vars, self.PREFIX, options.KNOWN_VARIABLES) + options.problems_of(args)
+        if problems:
+            return self.refuse(task_vars, args, problems)
+        configured = task_vars.get("ansible_python_interpreter")
+        if isinstance(configured, str) and "{{" in configured and self._templar is not None:
+            configured = self._templar.template(configured)
+        python = options.interpreter(args, configured)
+        host = self.host(task_vars)
+        try:
+            answer = self.box_module(
+                "patrol_facts", options.module_args(args), dict(task_vars, ansible_python_interpreter=python)
+            )
+        except BoxUnreachable as gone:
+            return self.finish(records.unreachable(host, str(gone)))
+        return self.finish(records.from_answer(host, answer, python, args["run"]))
+
+    def host(self, task_vars: Mapping[str, Any]) -> str:
+        return str(task_vars.get("inventory_hostname") or self._play_context.remote_addr)
+
+    def finish(self, record: Dict[str, Any]) -> Dict[str, Any]:
+        record["status"] = str(record["state"]).upper()
+        record["check_mode"] = bool(self._task.check_mode)
+        record["line"] = lines.line(record)
+        return dict(record, changed=False, msg=record["line"])

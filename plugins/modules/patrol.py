@@ -1,0 +1,159 @@
+#!/usr/bin/python
+# Copyright (c) remote_gpu.trainer contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: patrol
+short_description: One patrol tick of one rented box, in one controller step
+version_added: "0.3.0"
+description:
+  - An action plugin; the role C(remote_gpu.trainer.patrol) maps its variables (C(patrol_<option>)) onto these
+    options. The decision table, the per-cell states and the report are described in C(docs/patrol.md).
+  - Calls M(remote_gpu.trainer.patrol_facts) once on the box, always with the box's base Python (O(python)), never
+    the runtime venv's interpreter, which lives under the data directory (a hung data directory would hang the
+    exec itself); the module loads the venv's libraries inside its own probes, under their deadline.
+  - The record (the task's result) holds the box's state, whether it is escalated, its reasons and problem ids, per
+    run and per cell what patrol_facts found, and the box's line. The task itself does not fail, so the report step
+    sees every box; M(remote_gpu.trainer.stage_report) writes the fleet's report and sends the notifications, and
+    M(remote_gpu.trainer.stage_verdict) turns the record into the play's outcome.
+  - Read-only on the box but for patrol_facts' own log cursors (none in check mode).
+author:
+  - remote_gpu.trainer contributors (@remote-gpu-trainer)
+options:
+  data_dir:
+    description: The box's data directory (absolute); runs live in C(<data_dir>/runs/).
+    type: str
+    required: true
+  run:
+    description: Patrol only this run (a run name); empty patrols every run. A name not on the box is an error.
+    type: str
+    default: ""
+  durable_dir:
+    description: Durable directory to measure (absolute); empty uses each run's own C(durable_dir).
+    type: str
+    default: ""
+  stall_after_s:
+    description: Seconds without log growth, timed by the ticks, after which a live cell is stalled; 1 to 604800.
+    type: int
+    default: 1800
+  gpu_idle_pct:
+    description: GPU utilization (percent) at or below which a GPU counts as idle; 0 to 100.
+    type: float
+    default: 5
+  gpu_idle_samples:
+    description: Newest monitor samples that must all see a cell's GPUs idle for it to be stalled; 0 to 1000.
+    type: int
+    default: 10
+  disk_pressure_pct:
+    description: Bytes or inodes used (percent) at or over which the box is C(disk_pressure); above 0, at most 100.
+    type: float
+    default: 95
+  gpu_backend:
+    description: How the GPUs are read.
+    type: str
+    choices: [auto, nvml, nvidia-smi]
+    default: auto
+  kernel_log:
+    description: Look for Xids in the kernel log since the newest run started.
+    type: bool
+    default: true
+  crash_patterns:
+    description: Crash signatures of your own, C({name, regex}) each.
+    type: list
+    elements: dict
+    default: []
+  progress_regex:
+    description: Regular expression for the progress marker (named groups C(epoch), C(epochs), C(step), C(steps)).
+    type: str
+    default: ""
+  max_scan_bytes:
+    description: New bytes read per cell log per tick, at most; 65536 to 1 GiB.
+    type: int
+    default: 67108864
+  timeout_s:
+    description: Deadline in seconds of each of the module's probe rounds; above 0, at most 600.
+    type: float
+    default: 10
+  python:
+    description:
+      - The box's Python for the module. Empty uses C(ansible_python_interpreter) when the inventory names one,
+        else C(python3).
+    type: str
+    default: ""
+extends_documentation_fragment:
+  - remote_gpu.trainer.attributes
+attributes:
+  check_mode:
+    support: full
+    details: The same reading; patrol_facts keeps no cursor, and the report step sends nothing.
+  action:
+    description: Runs on the controller and calls the box's module.
+    support: full
+seealso:
+  - module: remote_gpu.trainer.patrol_facts
+  - module: remote_gpu.trainer.stage_report
+  - module: remote_gpu.trainer.stage_verdict
+"""
+
+EXAMPLES = r"""
+- name: Patrol this box
+  remote_gpu.trainer.patrol:
+    data_dir: "{{ data_dir }}"
+    stall_after_s: 1800
+  register: patrol_box
+"""
+
+RETURN = r"""
+status:
+  description: The state in capitals (RUNNING, STALLED, ..., UNREACHABLE), as M(remote_gpu.trainer.stage_report) reads it.
+  returned: always
+  type: str
+state:
+  description: The box's state, the worst among its runs and probes, or C(unreachable).
+  returned: always
+  type: str
+escalate:
+  description: Whether a human or automation must act.
+  returned: always
+  type: bool
+reasons:
+  description: One line per reason, each naming its run and cell.
+  returned: always
+  type: list
+  elements: str
+problems:
+  description: Stable problem ids (C(<kind>:<run>) or C(<kind>:<run>/<cell>) for a run's; box-level ones plain).
+  returned: always
+  type: list
+  elements: str
+actions:
+  description: The findings vocabulary's actions for the escalated problems.
+  returned: always
+  type: list
+  elements: str
+headline:
+  description: The run the state comes from with that run's cell counts, or how many runs need attention.
+  returned: when the box answered
+  type: str
+runs:
+  description: Per run its state, compact summary, ETA and cells (see M(remote_gpu.trainer.patrol_facts)).
+  returned: always
+  type: list
+  elements: dict
+examined_runs:
+  description: The runs this tick examined (a filtered tick never clears the others' problems).
+  returned: always
+  type: list
+  elements: str
+line:
+  description: The box's line, as the report prints it.
+  returned: always
+  type: str
+python:
+  description: The Python patrol_facts ran with.
+  returned: when the box was reachable
+  type: str
+"""

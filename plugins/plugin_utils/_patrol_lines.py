@@ -1,0 +1,168 @@
+# Copyright (c) remote_gpu.trainer contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Patrol's words: one line per box (its state, the run it comes from, a compact summary per run, disk and GPUs),
+its reasons indented below it, and the fleet's summary line. Written for any record: a field of the wrong type is
+shown as unknown, never an error."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Mapping
+
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._patrol_record import (
+    CONSOLE_ADVICE,
+    STATES,
+    UNREACHABLE,
+    count,
+    dicts,
+    line_of,
+    number,
+    strings,
+    unreachable,
+)
+
+# stage_report reads a record whose status is one of these.
+STATUSES = tuple(state.upper() for state in (*STATES, UNREACHABLE))
+# What a report keeps of a record: never the module's invocation.
+RECORD_KEYS = (
+    "host", "status", "line", "reachable", "python", "error", "state", "escalate", "reasons", "problems", "actions",
+    "run", "headline", "alive", "cells_done", "cells_total", "progress", "eta_s", "log_idle_s", "crash_signatures",
+    "disk", "disks", "gpu", "gpu_backend", "gpu_error", "memory", "xids", "runs", "examined_runs", "runs_skipped",
+    "runs_archived", "run_filter", "msg", "check_mode",
+)  # fmt: skip
+BOX_LINE_CHARS = 600
+SHOWN_REASONS = 8
+SHOWN_RUNS = 6
+SHOWN_GPUS = 8
+
+
+def fmt_duration(seconds: Any) -> str:
+    """``1d2h``, ``3h05m``, ``12m``, ``40s``: an ETA or an idle time, to the minute past an hour."""
+    found = number(seconds)
+    if found is None or found < 0:
+        return "?"
+    days, rest = divmod(int(found), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m" if minutes else f"{secs}s"
+
+
+def _pct(value: Any) -> str:
+    found = number(value)
+    return "?" if found is None else f"{found:.0f}%"
+
+
+def _headline(record: Mapping[str, Any]) -> str:
+    if isinstance(record.get("headline"), str) and record["headline"]:
+        return line_of(record["headline"], 160)
+    done, total = count(record.get("cells_done")), count(record.get("cells_total"))
+    if isinstance(record.get("run"), str):
+        return f"run {line_of(record['run'], 80)}" + (f", {done or 0}/{total} cells done" if total else "")
+    return "no run" if record.get("state") in ("idle", None) else line_of(record.get("msg") or "", 160)
+
+
+def _runs_part(record: Mapping[str, Any]) -> str:
+    runs = dicts(record.get("runs"))
+    shown = [line_of(run.get("summary") or run.get("run") or "?", 160) for run in runs[:SHOWN_RUNS]]
+    if len(runs) > SHOWN_RUNS:
+        shown.append(f"+{len(runs) - SHOWN_RUNS} more runs")
+    skipped, archived = count(record.get("runs_skipped")), count(record.get("runs_archived"))
+    if skipped:
+        shown.append(f"{skipped} finished runs not patrolled (over the cap)")
+    if archived:
+        shown.append(f"{archived} archived")
+    return "; ".join(shown)
+
+
+def _disk_part(record: Mapping[str, Any]) -> str:
+    shown = []
+    for disk in dicts(record.get("disks")) or ([record["disk"]] if isinstance(record.get("disk"), Mapping) else []):
+        name = line_of(disk.get("name") or disk.get("path") or "?", 40)
+        if disk.get("error"):
+            shown.append(f"{name} ?")
+        else:
+            shown.append(f"{name} {_pct(disk.get('bytes_used_pct'))}/{_pct(disk.get('inodes_used_pct'))} inodes")
+    return "disk " + (", ".join(shown) if shown else "?")
+
+
+def _gpu_part(record: Mapping[str, Any]) -> str:
+    gpus = dicts(record.get("gpu"))
+    if not gpus:
+        return "gpu " + ("?" if record.get("gpu_error") else "none")
+    shown = [_pct(gpu.get("utilization_pct")) for gpu in gpus[:SHOWN_GPUS]]
+    more = f" +{len(gpus) - SHOWN_GPUS}" if len(gpus) > SHOWN_GPUS else ""
+    return f"gpu {' '.join(shown)}{more}"
+
+
+def line(record: Mapping[str, Any]) -> str:
+    """The box's one line."""
+    host = line_of(record.get("host") or "?", 80)
+    if record.get("state") == UNREACHABLE or not record.get("reachable", True):
+        return f"{host}  UNREACHABLE  {line_of(record.get('error') or 'unreachable', 200)}"
+    state = line_of(record.get("state") or "unknown", 40).upper()
+    headline = _headline(record)
+    if headline.upper().startswith(f"{state} "):  # the state is said once
+        headline = headline[len(state) + 1 :]
+    parts = [headline]
+    runs = _runs_part(record)
+    if runs:
+        parts.append(runs)
+    if record.get("state") != "unknown" or record.get("disks") or record.get("gpu"):
+        parts.append(f"{_disk_part(record)}, {_gpu_part(record)}")
+    text = f"{host}  {state}  " + " | ".join(part for part in parts if part)
+    if record.get("escalate") is True:
+        text += f"  ESCALATED -> {', '.join(strings(record.get('actions')) or ['investigate'])}"
+    return text if len(text) <= BOX_LINE_CHARS else text[: BOX_LINE_CHARS - 3] + "..."
+
+
+def lines(record: Mapping[str, Any]) -> List[str]:
+    """The box's line and its reasons, indented."""
+    if record.get("state") == UNREACHABLE or not record.get("reachable", True):
+        return [str(record.get("line") or line(record)), f"    {CONSOLE_ADVICE} (re-rent when it is gone)"]
+    reasons = strings(record.get("reasons")) or []
+    shown = [f"    {reason}" for reason in reasons[:SHOWN_REASONS]]
+    if len(reasons) > SHOWN_REASONS:
+        shown.append(f"    (+{len(reasons) - SHOWN_REASONS} more reasons in the report)")
+    return [str(record.get("line") or line(record)), *shown]
+
+
+def no_record(host: str) -> Dict[str, Any]:
+    """A host of the play without a patrol record: it never reached its patrol step (a task timeout, a refused
+    setting, or the host was unreachable before the step ran)."""
+    record = unreachable(host, "no patrol record: the host never reached its patrol step (unreachable, or timed out)")
+    return dict(record, status=UNREACHABLE.upper(), line=line(record))
+
+
+def summary(records: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
+    """Hosts per state, the escalated, unreachable and re-rent hosts, and one line."""
+    records = list(records)
+    by_state: Dict[str, int] = {}
+    escalated: List[str] = []
+    down: List[str] = []
+    re_rent: List[str] = []
+    notes: List[str] = []
+    for record in records:
+        host, state = str(record.get("host") or "?"), str(record.get("state") or "unknown")
+        by_state[state] = by_state.get(state, 0) + 1
+        if state == UNREACHABLE:
+            down.append(host)
+        elif record.get("escalate") is True:
+            escalated.append(host)
+            actions = strings(record.get("actions")) or []
+            re_rent += [host] if "re_rent" in actions else []
+            notes.append(f"{host} ({state}{' -> ' + ', '.join(actions) if actions else ''})")
+    order = [state for state in (*STATES, UNREACHABLE) if state in by_state]
+    text = f"{len(records)} hosts" + (": " + ", ".join(f"{by_state[s]} {s}" for s in order) if order else "")
+    if escalated:
+        text += f"; escalated: {', '.join(notes)}"
+    if re_rent:
+        text += f"; re-rent: {', '.join(re_rent)}"
+    if down:
+        text += f"; unreachable: {', '.join(down)}"
+    return {
+        "hosts": len(records), "by_state": {s: by_state[s] for s in order}, "escalated": escalated,
+        "unreachable": down, "re_rent": re_rent, "line": text,
+    }  # fmt: skip
