@@ -4,14 +4,6 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any, Iterable, List, Mapping
-
-from ansible import constants as C
-from ansible.executor.task_result import CallbackTaskResult
-from ansible.playbook.task import Task
-from ansible.plugins.callback.default import CallbackModule as DefaultCallback
-
 DOCUMENTATION = r"""
 name: stage_lines
 type: stdout
@@ -38,6 +30,14 @@ requirements:
   - set as the stdout callback (C(stdout_callback = remote_gpu.trainer.stage_lines) in ansible.cfg, or
     C(ANSIBLE_STDOUT_CALLBACK=remote_gpu.trainer.stage_lines))
 """
+
+import json
+from typing import Any, Iterable, List, Mapping
+
+from ansible import constants as C
+from ansible.executor.task_result import CallbackTaskResult
+from ansible.playbook.task import Task
+from ansible.plugins.callback.default import CallbackModule as DefaultCallback
 
 REPORT_ACTION = "remote_gpu.trainer.stage_report"
 VERDICT_ACTION = "remote_gpu.trainer.stage_verdict"

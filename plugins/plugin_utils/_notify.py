@@ -92,7 +92,7 @@ def _state_of(record: Mapping[str, Any]) -> str:
 
 
 def _run_of(problem: str) -> Optional[str]:
-    kind, _, subject = problem.partition(":")
+    kind, _sep, subject = problem.partition(":")
     return subject.split("/", 1)[0] if kind in RUN_KINDS and subject else None
 
 

@@ -118,7 +118,7 @@ def send_all(
                 results[index] = outcome
                 done.notify_all()
 
-    for _ in range(min(MAX_PARALLEL, len(messages))):
+    for _worker in range(min(MAX_PARALLEL, len(messages))):
         threading.Thread(target=worker, name="rgt-notify", daemon=True).start()
     with done:
         done.wait_for(lambda: len(results) == len(messages), timeout=max(0.0, deadline - time.monotonic()))

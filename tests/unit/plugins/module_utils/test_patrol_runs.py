@@ -246,7 +246,10 @@ def test_an_archived_run_asked_for_by_name_says_where_it_went(tmp_path):
 
 def test_a_hung_data_dir_answers_within_the_rounds_with_reasons_naming_it(tmp_path, monkeypatch):
     (tmp_path / "data").mkdir()
-    hang = lambda *args: time.sleep(30)  # noqa: E731  (a dead NFS mount under the data dir)
+
+    def hang(*_args: Any) -> None:  # a dead NFS mount under the data dir
+        time.sleep(30)
+
     monkeypatch.setattr(_patrol, "select_runs", hang)
     monkeypatch.setattr(_patrol, "read_usage", hang)
     monkeypatch.setattr(_patrol_gpus, "add_venv", hang)

@@ -51,7 +51,13 @@ def record(host: str = "box-1", **overrides: Any) -> Dict[str, Any]:
 
 
 def unreachable(host: str) -> Dict[str, Any]:
-    return record(host, reachable=False, state="unreachable", error="unreachable, or stopped before patrol ran", problems=["unreachable"])
+    return record(
+        host,
+        reachable=False,
+        state="unreachable",
+        error="unreachable, or stopped before patrol ran",
+        problems=["unreachable"],
+    )
 
 
 def tick(
@@ -265,7 +271,7 @@ class Hook:
 
     def paths(self) -> List[str]:
         with self.lock:
-            return [path for path, _ in self.posts]
+            return [path for path, _body in self.posts]
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -325,11 +331,11 @@ def test_a_2xx_is_delivered_and_the_body_is_the_message(hook: Tuple[Hook, str]) 
     server, base = hook
     sent = send_all(f"{base}/ok/T0/SECRET", messages(3), deadline_s=10, timeout_s=5)
     assert sent == {0: None, 1: None, 2: None}
-    assert sorted(body["text"] for _, body in server.posts) == ["m0", "m1", "m2"]
+    assert sorted(body["text"] for _path, body in server.posts) == ["m0", "m1", "m2"]
 
 
 def test_a_hung_webhook_costs_the_tick_one_deadline_not_one_per_message(hook: Tuple[Hook, str]) -> None:
-    _, base = hook
+    _server, base = hook
     started = time.monotonic()
     sent = send_all(f"{base}/hang/T0/SECRET", messages(40), deadline_s=1, timeout_s=20)
     elapsed = time.monotonic() - started
@@ -362,7 +368,7 @@ def test_a_redirect_loop_and_a_redirect_to_another_scheme_are_refused(hook: Tupl
 
 
 def test_the_webhook_url_never_appears_in_an_error_a_line_or_the_state(hook: Tuple[Hook, str], tmp_path: Path) -> None:
-    _, base = hook
+    _server, base = hook
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         refused = f"http://127.0.0.1:{closed.getsockname()[1]}/T0/SECRET"
@@ -380,7 +386,7 @@ def test_the_webhook_url_never_appears_in_an_error_a_line_or_the_state(hook: Tup
 
 
 def test_the_failures_say_why(hook: Tuple[Hook, str]) -> None:
-    _, base = hook
+    _server, base = hook
     assert send_all(f"{base}/fail/x", [{}], deadline_s=5, timeout_s=5) == {0: "status 500"}
     assert send_all("ftp://x/y", [{}], deadline_s=5, timeout_s=5) == {0: "the webhook URL is not an http(s) URL"}
 
@@ -399,12 +405,12 @@ def test_two_ticks_at_once_send_one_message_per_problem(hook: Tuple[Hook, str], 
         start.wait()
         outcomes.append(one_tick(path, records, url=f"{base}/ok?slow"))
 
-    ticks = [threading.Thread(target=each) for _ in range(2)]
+    ticks = [threading.Thread(target=each) for _tick in range(2)]
     for thread in ticks:
         thread.start()
     for thread in ticks:
         thread.join(60)
-    assert sorted(body["host"] for _, body in server.posts) == ["a", "b"]
+    assert sorted(body["host"] for _path, body in server.posts) == ["a", "b"]
     assert sorted(outcome["lines"][-1] for outcome in outcomes) == [
         "notifications: 2 sent",
         "notifications: none due (no new problem, nothing cleared)",
