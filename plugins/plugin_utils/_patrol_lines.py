@@ -104,12 +104,18 @@ def line(record: Mapping[str, Any]) -> str:
         return f"{host}  UNREACHABLE  {line_of(record.get('error') or 'unreachable', 200)}"
     state = line_of(record.get("state") or "unknown", 40).upper()
     headline = _headline(record)
-    if headline.upper().startswith(f"{state} "):  # the state is said once
-        headline = headline[len(state) + 1 :]
-    parts = [headline]
-    runs = _runs_part(record)
-    if runs:
-        parts.append(runs)
+    for said in (f"{state}: ", f"{state} "):  # the state is said once
+        if headline.upper().startswith(said):
+            headline = headline[len(said) :]
+    runs = dicts(record.get("runs"))
+    # One run: its summary says what the headline would, and more.
+    one = (
+        len(runs) == 1 and isinstance(runs[0].get("summary"), str) and headline.startswith(f"run {runs[0].get('run')}")
+    )
+    parts = [] if one else [headline]
+    summaries = _runs_part(record)
+    if summaries:
+        parts.append(summaries)
     if record.get("state") != "unknown" or record.get("disks") or record.get("gpu"):
         parts.append(f"{_disk_part(record)}, {_gpu_part(record)}")
     text = f"{host}  {state}  " + " | ".join(part for part in parts if part)

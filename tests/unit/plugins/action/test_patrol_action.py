@@ -48,7 +48,7 @@ def test_one_call_with_the_base_python_never_the_venv_under_the_data_dir() -> No
     assert module_args["venv"] == "/data/.remote_gpu_trainer/venv" and "python" not in module_args
     assert "run" not in module_args  # empty: every run
     assert record["status"] == "RUNNING" and record["python"] == "/usr/bin/python3.10"
-    assert record["line"].startswith("b1  RUNNING  run alpha: 1/3 cells done | alpha: 1/3 done, 2 running")
+    assert record["line"].startswith("b1  RUNNING  alpha: 1/3 done, 2 running | disk data 40%/3% inodes, gpu 97%")
     assert not record.get("failed")
 
 

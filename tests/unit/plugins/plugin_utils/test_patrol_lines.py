@@ -101,3 +101,14 @@ def test_summary_counts_states_escalations_re_rent_and_unreachable() -> None:
 )
 def test_durations(seconds: Any, shown: str) -> None:
     assert lines.fmt_duration(seconds) == shown
+
+
+def test_the_state_is_said_once_and_one_runs_summary_stands_for_the_headline() -> None:
+    idle = record(state="idle", headline="IDLE: no run on this box")
+    assert idle["line"].startswith("b1  IDLE  no run on this box | disk ")
+    one = record(
+        state="done",
+        headline="DONE run demo: 2/2 cells done",
+        runs=[{"run": "demo", "summary": "demo: done, 2/2 done"}],
+    )
+    assert one["line"].startswith("b1  DONE  demo: done, 2/2 done | disk ")
