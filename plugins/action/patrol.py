@@ -26,7 +26,8 @@ class ActionModule(StageAction):
         return self.finish(record)
 
     def stage(self, args: Dict[str, Any], task_vars: Dict[str, Any]) -> Dict[str, Any]:
-        problems = unknown_variables(task_vars, self.PREFIX, options.KNOWN_VARIABLES) + options.problems_of(args)
+        ours = [name for name in task_vars if not name.startswith(options.OTHER_PLAYBOOKS)]
+        problems = unknown_variables(ours, self.PREFIX, options.KNOWN_VARIABLES) + options.problems_of(args)
         if problems:
             return self.refuse(task_vars, args, problems)
         configured = task_vars.get("ansible_python_interpreter")

@@ -67,7 +67,8 @@ class ActionModule(ActionBase):
         }
         # A report that cannot be written must not cost the notifications: they are sent first.
         if args["notify"] is not None:
-            shown += notify(records, args["notify"], args["report_dir"], document["generated_at"], self._task.check_mode)
+            when = document["generated_at"]
+            shown += notify(records, args["notify"], args["report_dir"], when, self._task.check_mode)
         try:
             path = write_report(args["report_dir"], args["stage"], document)
         except OSError as error:

@@ -38,6 +38,8 @@ ROLE_VARIABLES = (
     "patrol_notify_timeout_s",
 )  # fmt: skip
 KNOWN_VARIABLES = (*tuple(f"patrol_{name}" for name in ARGUMENT_SPEC), *ROLE_VARIABLES)
+# Variables of the other patrol playbooks (patrol_cron.yml), which group_vars may well hold: not typos of ours.
+OTHER_PLAYBOOKS = ("patrol_cron_",)
 # (option, low, high, low excluded): what the module's own bounds are, said before the box is asked.
 BOUNDS = (
     ("stall_after_s", 1, 604800, False),

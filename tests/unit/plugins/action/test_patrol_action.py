@@ -114,3 +114,9 @@ def test_garbage_from_the_box_is_unknown_and_escalated(garbage: Dict[str, Any]) 
     assert record["escalate"] is True and record["state"] in ("unknown", garbage["state"])
     assert record["problems"][0] == "patrol_invalid"
     assert record["reasons"][0].startswith("the box's patrol_facts answer is not usable")
+
+
+def test_the_cron_playbooks_variables_in_group_vars_are_not_typos() -> None:
+    calls: List = []
+    record = patrol({"data_dir": "/data"}, {"patrol_cron_inventory": "/srv/rentals.ini"}, dict(FACTS), calls)
+    assert len(calls) == 1 and record["state"] == "running"
