@@ -108,7 +108,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 status:
-  description: The state in capitals (RUNNING, STALLED, ..., UNREACHABLE), as M(remote_gpu.trainer.stage_report) reads it.
+  description: The state in capitals (RUNNING, STALLED, ..., UNREACHABLE), as M(remote_gpu.trainer.stage_report)
+    reads it.
   returned: always
   type: str
 state:

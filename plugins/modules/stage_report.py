@@ -40,7 +40,8 @@ options:
     type: dict
     suboptions:
       webhook_url:
-        description: Webhook for the notifications (JSON with a Slack-compatible C(text)); empty sends none, the state still moves on. A secret, never logged.
+        description: Webhook for the notifications (JSON with a Slack-compatible C(text)); empty sends none, the
+          state still moves on. A secret, never logged.
         type: str
         default: ""
       timeout_s:

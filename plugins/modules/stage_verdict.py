@@ -30,7 +30,8 @@ options:
       box fails instead when another box's status is in O(failing), so the exit code is 2, not 4.
     type: str
   escalated_fails:
-    description: A record whose C(escalate) is true fails too (for patrol, a box that needs a human), whatever its status.
+    description: A record whose C(escalate) is true fails too (for patrol, a box that needs a human), whatever
+      its status.
     type: bool
     default: false
 extends_documentation_fragment:
