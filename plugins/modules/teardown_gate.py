@@ -38,7 +38,8 @@ description:
   - B(other_runs.) With O(instance), every other run on the box (a directory under C(<data_dir>/runs/), or a
     tombstone) must be torn down already (tombstone, no scratch), and no live process may carry any run's
     marker, unless the run is named in O(abandon_runs). A refusal names each such run, its state and what it
-    would lose; abandoned runs never refuse and are listed with what they lose.
+    would lose; abandoned runs never refuse and are listed with what they lose. Runs archived under
+    C(<data_dir>/runs/.archive/) (M(remote_gpu.trainer.run_archive)) count too, as they may hold the only results.
   - B(same_filesystem.) With O(instance) and O(irreversible), O(durable_dir) (or its nearest existing parent)
     must not have the C(st_dev) of O(data_dir), since an irreversible verb destroys both.
   - Read-only. Every read of O(data_dir) and O(durable_dir) happens in a forked child under a deadline, so a
@@ -197,7 +198,8 @@ runs:
 instance:
   description:
     - The box. C(runs_on_box) (listed with O(instance) or empty O(runs)); C(other_runs), each C(name), C(state)
-      (C(running), C(finished), C(stopped), C(removing), C(unknown), C(absent) or C(torn_down)), C(torn_down),
+      (C(running), C(finished), C(stopped), C(removing), C(unknown), C(absent), C(torn_down) or C(archived)),
+      C(archived) (the archive entry's name, or null), C(torn_down),
       C(abandoned), C(would_lose) (one line, for example C(2 cells' scratch (1.5 GiB\), 3 durable files not
       pulled)), C(pids), C(cells), C(bytes), C(durable_files); C(live_marker_pids) (live processes carrying the
       marker of a run not in O(runs)).
