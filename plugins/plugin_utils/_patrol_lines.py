@@ -6,6 +6,7 @@ shown as unknown, never an error."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, Iterable, List, Mapping
 
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._patrol_record import (
@@ -30,6 +31,7 @@ RECORD_KEYS = (
     "runs_archived", "run_filter", "msg", "check_mode",
 )  # fmt: skip
 BOX_LINE_CHARS = 600
+RUN_STATE_WORD = re.compile(r"\A[A-Z][A-Z_]*:? (?=run )")
 SHOWN_REASONS = 8
 SHOWN_RUNS = 6
 SHOWN_GPUS = 8
@@ -108,10 +110,9 @@ def line(record: Mapping[str, Any]) -> str:
         if headline.upper().startswith(said):
             headline = headline[len(said) :]
     runs = dicts(record.get("runs"))
-    # One run: its summary says what the headline would, and more.
-    one = (
-        len(runs) == 1 and isinstance(runs[0].get("summary"), str) and headline.startswith(f"run {runs[0].get('run')}")
-    )
+    # One run: its summary says what the headline would (the run's own state included), and more.
+    named = RUN_STATE_WORD.sub("", headline, count=1)
+    one = len(runs) == 1 and isinstance(runs[0].get("summary"), str) and named.startswith(f"run {runs[0].get('run')}")
     parts = [] if one else [headline]
     summaries = _runs_part(record)
     if summaries:

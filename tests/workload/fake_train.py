@@ -2,7 +2,7 @@
 
     fake_train.py [--epochs N] [--steps-per-epoch M] [--step-s S] [--out DIR] [--ckpt-kib K]
                   [--crash | --crash-at-epoch E] [--cuda-oom] [--exit CODE] [--signal-self SIG] [--hang] [--forever]
-                  [--ignore-sigterm] [--nan] [--fill-disk [--fill-limit-mib N]]
+                  [--ignore-sigterm] [--nan] [--fill-disk [--fill-limit-mib N]] [--silent] [--stop-file PATH]
                   [--fork-children N [--child-s S] [--child-term-delay S]] [--record FILE]
                   [--print-env NAME ...] [--show-env NAME ...]
 
@@ -13,6 +13,10 @@ $RGT_CELL_DIR, else the working directory). Small and fast by default: two epoch
 ``--crash`` raises a real exception (a Python traceback) at ``--crash-at-epoch`` (default 1); ``--cuda-oom`` prints,
 at the same point, the traceback PyTorch prints when the CUDA allocator runs out of memory
 (``torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ...``) and exits 1.
+
+``--silent`` trains (steps, checkpoints) while printing nothing, as frameworks that write only when an epoch or the
+whole fit ends. ``--stop-file PATH`` ends the training, as a success, after the step during which PATH appeared
+(with ``--forever``: a run that ends when the test says so).
 
 ``--print-env`` proves a variable reached the job without writing its value (it may be a secret): it prints the
 first 16 hex digits of its sha256. ``--show-env`` prints the value itself (for CUDA_VISIBLE_DEVICES and the like).
@@ -51,6 +55,8 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--forever", action="store_true", help="train forever")
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--nan", action="store_true", help="print a NaN loss")
+    parser.add_argument("--silent", action="store_true", help="train while printing nothing")
+    parser.add_argument("--stop-file", default=None, help="end the training once this file exists")
     parser.add_argument("--fill-disk", action="store_true", help="save until the disk is full (ENOSPC)")
     parser.add_argument("--fill-limit-mib", type=int, default=None, help="simulate ENOSPC after this many MiB")
     parser.add_argument("--fork-children", type=int, default=0, help="children that outlive the program")
@@ -192,17 +198,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         for step in range(1, args.steps_per_epoch + 1):
             loss = float("nan") if args.nan else 1.0 / (epoch * args.steps_per_epoch + step) + random.random() * 1e-3
             total = "inf" if args.forever else str(args.epochs)
-            print(f"epoch {epoch}/{total} step {step}/{args.steps_per_epoch} loss {loss:.4f}", flush=True)
+            if not args.silent:
+                print(f"epoch {epoch}/{total} step {step}/{args.steps_per_epoch} loss {loss:.4f}", flush=True)
             if args.hang:
                 while True:
                     time.sleep(3600)
             time.sleep(args.step_s)
+            if args.stop_file and os.path.exists(args.stop_file):
+                break
         if args.fill_disk:
             _fill_disk(out, args.fill_limit_mib)
         _save(out, "latest.pth", args.ckpt_kib)
         if epoch == 1 or loss < best:  # a NaN loss never improves on the first epoch's checkpoint
             best = loss
             _save(out, "best.pth", args.ckpt_kib)
+        if args.stop_file and os.path.exists(args.stop_file):
+            break  # the epoch was cut short at the step the file appeared; its checkpoints are saved
     _record(args.record, "end")
     sys.stdout.flush()
     if args.signal_self is not None:

@@ -5,13 +5,19 @@
     webhook_receiver.py serve --state-dir DIR [--lifetime S]  the same server in the foreground
 
 The server listens on 127.0.0.1 on a free port and keeps its files in DIR: ``port`` (written once it listens),
-``pid``, ``received.jsonl`` (one line per POST, appended and flushed before the reply, so a client that got its
-answer finds its line) and ``server.log``. A JSON body is written as itself (re-serialized on one line); any other
-body as ``{"invalid_json": "<the text>"}``. Every POST is answered ``200 ok`` (as Slack's incoming webhooks answer);
-other methods get 405. ``start`` returns only when the port file exists. The server also ends on its own when its
-``pid`` file disappears (a test's directory removed, as Molecule removes its ephemeral directory) and after
-``--lifetime`` seconds (default 0: no limit), so a test that fails before its ``stop`` leaves nothing running for long.
-Standard library only.
+``pid``, ``received.jsonl`` (one line per POST delivered, appended and flushed before the reply, so a client that
+got its answer finds its line), ``requests.jsonl`` (one line per request of any path, on arrival:
+``{"path", "method", "t", "answer"}``, ``t`` the receiver's wall clock) and ``server.log``. A JSON body is written as
+itself (re-serialized on one line); any other body as ``{"invalid_json": "<the text>"}``. Other methods get 405.
+``start`` returns only when the port file exists. The server also ends on its own when its ``pid`` file disappears
+(a test's directory removed, as Molecule removes its ephemeral directory) and after ``--lifetime`` seconds (default 0:
+no limit), so a test that fails before its ``stop`` leaves nothing running for long. Standard library only.
+
+What a POST gets depends on its path (``start`` prints the URL of ``/hook``):
+
+    /hang         the body is read, then no answer at all until the server stops (a webhook that hangs)
+    /307, /308    that redirect, to ``/hook`` (a relative Location); nothing is delivered at this hop
+    /hook, other  ``200 ok``, the body delivered to received.jsonl (as Slack's incoming webhooks answer)
 """
 
 from __future__ import annotations
@@ -29,30 +35,51 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 MAX_BODY = 1 << 20
+HANG_MAX_S = 3600.0
+REDIRECTS = {"/307": 307, "/308": 308}
 
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "rgt-webhook-receiver"
     lines_path: Path
+    requests_path: Path
     lock = threading.Lock()
+    stopping = threading.Event()  # set when the server stops: the hung requests end with it
 
     def do_POST(self) -> None:
         length = min(int(self.headers.get("Content-Length") or 0), MAX_BODY)
         raw = self.rfile.read(length) if length > 0 else b""
+        path = self.path.split("?", 1)[0]
+        answer = REDIRECTS.get(path, "hang" if path == "/hang" else 200)
+        self._append(self.requests_path, {"path": path, "method": "POST", "t": time.time(), "answer": answer})
+        if answer == "hang":
+            self.stopping.wait(HANG_MAX_S)
+            self.close_connection = True
+            return
+        if answer in (307, 308):
+            self.send_response(int(answer))
+            self.send_header("Location", "/hook")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         text = raw.decode("utf-8", errors="replace")
         try:
             body = json.loads(text)
         except ValueError:
             body = {"invalid_json": text}
-        line = json.dumps(body, sort_keys=True) + "\n"
-        with self.lock, open(self.lines_path, "a", encoding="utf-8") as handle:
-            handle.write(line)
-            handle.flush()
-            os.fsync(handle.fileno())
+        self._append(self.lines_path, body)
         self._answer(200, b"ok")
 
     def do_GET(self) -> None:
+        self._append(self.requests_path, {"path": self.path, "method": "GET", "t": time.time(), "answer": 405})
         self._answer(405, b"POST only")
+
+    def _append(self, path: Path, record: object) -> None:
+        line = json.dumps(record, sort_keys=True) + "\n"
+        with self.lock, open(path, "a", encoding="utf-8") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
 
     def _answer(self, code: int, body: bytes) -> None:
         self.send_response(code)
@@ -77,7 +104,9 @@ def _watch(server: ThreadingHTTPServer, pid_file: Path, lifetime_s: float) -> No
 def serve(state_dir: Path, lifetime_s: float = 0) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     _Handler.lines_path = state_dir / "received.jsonl"
+    _Handler.requests_path = state_dir / "requests.jsonl"
     _Handler.lines_path.touch()
+    _Handler.requests_path.touch()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     server.daemon_threads = True
 
@@ -94,6 +123,7 @@ def serve(state_dir: Path, lifetime_s: float = 0) -> int:
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
+        _Handler.stopping.set()
         server.server_close()
         for name in ("port", "pid"):
             (state_dir / name).unlink(missing_ok=True)

@@ -96,7 +96,7 @@ def fraction(progress: Optional[Mapping[str, Any]]) -> Optional[float]:
     if epochs and epoch is not None:
         within = step / steps if steps and step is not None else 0.0
         done = (max(epoch - 1, 0) + min(within, 1.0)) / epochs
-    elif steps and step is not None:
+    elif epoch is None and steps and step is not None:  # a step within an epoch of unknown count says nothing
         done = step / steps
     else:
         return None
@@ -166,7 +166,9 @@ def judge_cell(
     elif cell.get("alive") or (run.get("runner_alive") and status == "running"):
         cell["state"] = "running"
         idle_s, stall_after = finite(cell.get("log_idle_s")), options["stall_after_s"]
-        where = f"GPU{'s' if gpus is None or len(gpus) != 1 else ''} {_gpu_list(gpus)}"
+        one = gpus is not None and len(gpus) == 1
+        where = f"GPU{'' if one else 's'} {_gpu_list(gpus)}"
+        are = "is" if one else "are"
         log_gone = cell.get("lost") is not None and not cell.get("log_exists")
         if idle_s is not None and idle_s >= stall_after and not log_gone:
             if gpus_busy(samples, gpus, options["gpu_idle_pct"]):
@@ -175,7 +177,7 @@ def judge_cell(
                 cell["state"] = "stalled"
                 cell["stall_reason"] = (
                     f"{name}: its log has not grown for {idle_s:.0f} s (stall_after_s {stall_after:g}) and its "
-                    f"{where} are not busy"
+                    f"{where} {are} not busy"
                 )
         elif gpus_idle(samples, gpus, options["gpu_idle_pct"], options["gpu_idle_samples"]):
             cell["state"] = "stalled"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._cells import run_eta, run_summary
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._cells import fraction, run_eta, run_summary
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._patrol_decide import (
     decide_box,
     decide_run,
@@ -169,3 +169,17 @@ def test_the_summary_is_one_compact_line_per_run():
 
 def test_run_eta_without_anything_to_time_a_pending_cell_is_unknown():
     assert run_eta([{"state": "pending"}], 2, True) is None
+
+
+def test_a_step_within_an_epoch_of_unknown_count_is_no_progress_of_the_cell() -> None:
+    # "epoch 11 step 3/10" of an endless run: 30% of an epoch, not 30% of the cell (no percentage, no ETA).
+    assert fraction({"epoch": 11, "epochs_total": None, "step": 3, "steps_total": 10}) is None
+    assert fraction({"epoch": None, "epochs_total": None, "step": 3, "steps_total": 10}) == 0.3
+    assert fraction({"epoch": 2, "epochs_total": 4, "step": 5, "steps_total": 10}) == 0.375
+
+
+def test_a_stall_reason_on_one_gpu_reads_is_not_busy() -> None:
+    hung = cell("hung", gpus=[1], log_idle_s=4000.0, alive=True)
+    verdict = decide_run(live(hung, gpus=[1], monitor_samples=[sample(g1=0.0)]), OPTIONS)
+    assert any("hung: its log has not grown for 4000 s (stall_after_s 1800) and its GPU 1 is not busy" in r
+               for r in verdict.reasons)  # fmt: skip

@@ -112,3 +112,12 @@ def test_the_state_is_said_once_and_one_runs_summary_stands_for_the_headline() -
         runs=[{"run": "demo", "summary": "demo: done, 2/2 done"}],
     )
     assert one["line"].startswith("b1  DONE  demo: done, 2/2 done | disk ")
+
+
+def test_a_run_state_other_than_the_boxes_is_said_by_the_one_runs_summary() -> None:
+    made = record(
+        state="disk_pressure", escalate=True, actions=["free_disk"], problems=["disk_pressure:data"],
+        headline="RUNNING run train-disk: 0/2 cells done (cell_failed:train-disk/fill)",
+        runs=[{"run": "train-disk", "summary": "train-disk: running, 0/2 done, 1 failed (fill)"}],
+    )  # fmt: skip
+    assert made["line"].startswith("b1  DISK_PRESSURE  train-disk: running, 0/2 done, 1 failed (fill) | disk ")
