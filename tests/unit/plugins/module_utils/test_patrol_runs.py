@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import pytest
 
@@ -285,19 +285,18 @@ BASE_PYTHON_PROBE = (
 )
 
 
-def base_python() -> str:
-    """A Python without pynvml, as a box's base Python is (the test venv's has it)."""
-    for candidate in ("/usr/bin/python3", "python3"):
-        probe = subprocess.run([candidate, "-c", "import pynvml"], capture_output=True, check=False)
-        if probe.returncode != 0:
-            return candidate
-    pytest.skip("no Python without pynvml here")
+def base_python() -> List[str]:
+    """A Python without pynvml, as a box's base Python is: this one without its site-packages (``-S``)."""
+    python = [sys.executable, "-S"]
+    probe = subprocess.run([*python, "-c", "import pynvml"], capture_output=True, check=False)
+    assert probe.returncode != 0, "pynvml must not be importable without site-packages"
+    return python
 
 
 def test_the_gpu_probe_finds_pynvml_in_the_runtime_venv_from_the_base_python(tmp_path):
     python = base_python()
     version = subprocess.run(
-        [python, "-c", "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
+        [*python, "-c", "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     site = tmp_path / "venv" / "lib" / f"python{version}" / "site-packages"
@@ -306,7 +305,7 @@ def test_the_gpu_probe_finds_pynvml_in_the_runtime_venv_from_the_base_python(tmp
 
     def probe(venv: str) -> Dict[str, Any]:
         done = subprocess.run(
-            [python, "-c", BASE_PYTHON_PROBE, str(COLLECTIONS), venv], capture_output=True, text=True, check=False
+            [*python, "-c", BASE_PYTHON_PROBE, str(COLLECTIONS), venv], capture_output=True, text=True, check=False
         )
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
