@@ -22,6 +22,7 @@ from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._patrol_record 
     UNREACHABLE,
 )
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._report import flock_within
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import one_line as _line
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._webhook import redact
 
 STATE_VERSION = 1
@@ -32,7 +33,6 @@ RUN_KINDS = frozenset(
     ("stalled", "cell_failed", "crashed", "incomplete", "sync_failed", "disk_full", "nan_loss", "log_lost",
      "runner_gone", "unreadable")
 )  # fmt: skip
-LINE_CHARS = 300
 TEXT_CHARS = 1000
 
 
@@ -65,11 +65,6 @@ class Settled:
 
 
 # ---- small helpers -------------------------------------------------------------------------------------------
-
-
-def _line(text: Any, limit: int = LINE_CHARS) -> str:
-    line = " ".join(str(text if text is not None else "").split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _strings(value: Any) -> Optional[List[str]]:

@@ -8,11 +8,12 @@ module's shape becomes state ``unknown`` with a reason saying what was wrong, ne
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any, Dict, List, Mapping, Optional
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._cells import finite as number
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._patrol_decide import STATE_ORDER
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import one_line as line_of
 
 # Worst first, as patrol_facts orders them; "unreachable" is the controller's own state for a host that never
 # answered, reported apart from them (exit code 4, not 2).
@@ -21,7 +22,6 @@ UNREACHABLE = "unreachable"
 CONSOLE_ADVICE = "only the box's owner can see its console: check the balance, power and preemption"
 # Problem ids: `<kind>` or `<kind>:<what>` (a run, a run's cell, a GPU, a directory); anything else is dropped.
 PROBLEM_ID = re.compile(r"\A[a-z][a-z0-9_]*(?::[A-Za-z0-9_.:/@+-]{1,160})?\Z")
-LINE_CHARS = 300
 MAX_REASONS = 20
 MAX_RUNS_KEPT = 200
 FACT_KEYS = (
@@ -33,19 +33,6 @@ LIST_KEYS = ("crash_signatures", "disks", "gpu", "xids", "runs")
 DICT_KEYS = ("progress", "disk", "memory")
 COUNT_KEYS = ("alive", "cells_done", "cells_total", "runs_skipped", "runs_archived")
 TEXT_KEYS = ("run", "headline", "gpu_backend", "gpu_error", "msg", "run_filter")
-
-
-def line_of(text: Any, limit: int = LINE_CHARS) -> str:
-    """One bounded line: messages from the box and from Ansible can span lines or be huge."""
-    line = " ".join(str(text if text is not None else "").split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def number(value: Any) -> Optional[float]:
-    """A finite number, or None (booleans, strings, NaN and infinities are not numbers here)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def count(value: Any) -> Optional[int]:
