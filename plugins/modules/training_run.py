@@ -23,10 +23,24 @@ description:
   - B(Idempotence.) Every start decision is taken under an flock on C(<data_dir>/runs/.launch.lock), held until the
     new runner is registered, so two launches never start two copies of a run. The same run alive (its C(run.json)
     names a live runner, with the PID-reuse guard of C(vram_zombies)) is left alone (C(changed=false)); a run with
-    C(DONE) is reported done (C(changed=false)); a different run alive on the box refuses the start unless
-    O(allow_concurrent). A run whose runner is gone (C(run.json) present, no live runner, no C(DONE)) is started
-    again, and the runner skips the cells already done (C(succeeded) and C(verified), or C(skipped) where the run
-    declares no artifacts) and reruns the others; RV(resumed) and RV(skipped_cells) say so.
+    C(DONE) and the same spec is reported done (C(changed=false)); a different run alive on the box refuses the
+    start unless O(allow_concurrent). A run whose runner is gone (C(run.json) present, no live runner, no C(DONE))
+    is started again, and the runner skips the cells already done (C(succeeded) and C(verified), or C(skipped)
+    where the cell declares no artifacts), only copies again a cell whose command succeeded
+    (C(cells/<cell>/exit.json)) but whose copy was not verified (never trains it again), and reruns the others;
+    RV(outcome), RV(cells_left), RV(recopy_cells) and RV(kept_cells) say so.
+  - B(A changed sweep.) On a box holding the run, this launch's spec is compared with the run's C(spec.json) (cells
+    added or removed, a cell's C(command), C(checkpoint_dir), C(artifacts), C(optional_artifacts), C(prune),
+    C(retries) or C(timeout_s), and the run's O(durable_dir), O(artifacts), O(optional_artifacts), O(prune),
+    O(verify_cmd), O(verify_timeout_s), O(check_finite), O(env), O(env_hook), O(conda_env), O(gpus_per_cell),
+    O(max_parallel) and O(stop_on_failure); not O(launch_id), O(gpus) or the monitor's settings). Any difference
+    fails the start, in check mode too, naming them (RV(changes)), unless O(apply_changes); a live run with another
+    spec is refused even then (stop it first). With O(apply_changes) the done cells keep their results (their
+    C(run.json) entry keeps the argv that produced them), the others follow the new spec; removing a cell whose
+    command succeeded is refused even then (its files are in the durable copy; use a new run name).
+  - B(A dead runner's cells.) Processes carrying C(RGT_RUN_DIR=<run_dir>) while the run has no live runner (the
+    runner was killed, its cells train on) refuse the start, naming each cell (C(RGT_CELL)) and its pids; wait for
+    them, or stop them with O(state=stopped). A new runner never kills and restarts them behind the user's back.
   - B(One launch per run name.) Every launch has an id (RV(launch_id), O(launch_id) or C(<UTC time>-<6 hex>)),
     recorded in C(run.json) and, by the runner's first sync, in C(<durable_dir>/runs/<run>/.launch.json); every sync
     checks it before it copies anything, so one C(MANIFEST.sha256) never mixes two launches. A resume keeps the id
@@ -102,6 +116,20 @@ options:
         description: Absolute directory of the cell's checkpoints, where O(prune) and O(artifacts) apply (default
           the cell's directory).
         type: str
+      artifacts:
+        description: This cell's own artifact globs; when given (even V([])), they replace O(artifacts) for this
+          cell.
+        type: list
+        elements: str
+      optional_artifacts:
+        description: This cell's own optional artifact globs; when given (even V([])), they replace
+          O(optional_artifacts) for this cell.
+        type: list
+        elements: str
+      prune:
+        description: This cell's own prune globs; when given (even V([])), they replace O(prune) for this cell.
+        type: list
+        elements: str
   env:
     description: Environment variables of the cells (names of letters, digits and C(_)); numbers become text.
       V(WANDB_MODE=online) needs a C(WANDB_API_KEY) secret.
@@ -134,16 +162,41 @@ options:
     type: int
   prune:
     description: Glob patterns (relative, inside the checkpoint directory) of files deleted after a cell succeeds,
-      before its artifacts are copied (for example C(latest.pth)).
+      before its artifacts are copied (for example C(latest.pth)); a pattern ending in C(/) (or matching a
+      directory, such as C(checkpoint-*/)) removes that directory tree, never following a symlink out. A cell's
+      own C(prune) replaces it.
     type: list
     elements: str
     default: []
   artifacts:
     description: Glob patterns (relative) of the files copied to O(durable_dir), re-read and checked by size and
-      sha256, then listed in C(MANIFEST.sha256).
+      sha256, then listed in C(MANIFEST.sha256); a pattern that matches nothing fails the cell's sync. A cell's
+      own C(artifacts) replaces it.
     type: list
     elements: str
     default: []
+  optional_artifacts:
+    description: Like O(artifacts), but a pattern may match nothing. A cell's own C(optional_artifacts) replaces
+      it.
+    type: list
+    elements: str
+    default: []
+  verify_cmd:
+    description:
+      - An argv run for each artifact after its verified copy (for example a loader that opens the checkpoint);
+        C({path}) in an element becomes the copy's absolute path, else the path is appended as the last argument.
+        A failure (or a run past O(verify_timeout_s)) makes the cell's sync C(failed) with the loader's message.
+    type: list
+    elements: str
+  verify_timeout_s:
+    description: Seconds each O(verify_cmd) may run, between 1 and 86400.
+    type: float
+    default: 300
+  check_finite:
+    description: Check every C(*.safetensors) artifact's float tensors for NaN and Inf after the copy (a malformed
+      header fails too); a failure makes the cell's sync C(failed).
+    type: bool
+    default: false
   stop_on_failure:
     description: After a failed cell, start no more cells (running ones finish).
     type: bool
@@ -196,6 +249,12 @@ options:
         no run name), then the run starts from nothing. Refused while this box holds the run's C(run.json).
     type: bool
     default: false
+  apply_changes:
+    description:
+      - Apply a spec that differs from the one the box's run was started with (see B(A changed sweep.)) instead of
+        refusing the start; the run resumes with the new spec.
+    type: bool
+    default: false
   start_timeout_s:
     description: Seconds to wait for the new runner to register in C(run.json), above 0 and at most 600; a runner
       that does not is stopped and the module fails with the end of C(runner.log).
@@ -206,9 +265,10 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Nothing is written, locked, archived or started; RV(msg) says whether the run would start or resume
-      and what O(new_attempt) would archive, and C(changed) whether it would. A start that would be refused fails
-      as it would outside check mode. O(state=stopped) signals nothing.
+    details: Nothing is written, locked, archived or started; RV(msg), RV(outcome), RV(cells_left),
+      RV(recopy_cells), RV(kept_cells) and RV(changes) say whether the run would start or resume and with which
+      cells, RV(archived) what O(new_attempt) would archive, and C(changed) whether it would. A start that would be
+      refused fails as it would outside check mode. O(state=stopped) signals nothing.
 notes:
   - Use the runtime venv's Python (C(ansible_python_interpreter)); the runner runs with the module's interpreter.
   - With tmux, a tmux server that already runs gives the run its own environment, not the SSH session's.
@@ -247,6 +307,23 @@ EXAMPLES = r"""
     cells: "{{ abl_cells }}"
     artifacts: [best.pth]
     new_attempt: true
+
+- name: Add a cell to a finished sweep (only the new cell runs; the done cells keep their results)
+  remote_gpu.trainer.training_run:
+    run: abl-2026-12
+    data_dir: /root/autodl-tmp
+    durable_dir: /root/autodl-fs
+    cells:
+      - name: baseline
+        command: [python, -m, src.train, -c, configs/baseline.yaml]
+      - name: hf-bert
+        command: [python, -m, src.hf_train, --output_dir, /root/autodl-tmp/runs/abl-2026-12/cells/hf-bert]
+        artifacts: [model.safetensors, config.json]
+        prune: [checkpoint-*/]
+    artifacts: [best.pth]
+    verify_cmd: [python, -m, src.load_check, "{path}"]
+    check_finite: true
+    apply_changes: true
 
 - name: Stop it (files stay)
   remote_gpu.trainer.training_run:
@@ -305,6 +382,34 @@ resumed:
   description: Some cells were already done, so this start (or the live runner's) skips them.
   returned: always
   type: bool
+outcome:
+  description: What this launch did (in check mode, would do) with the run; V(started) (a new run), V(resumed) (a
+    run already on the box started again), V(already_running) (left alone, same spec) or V(done) (finished with
+    the same spec, nothing started). Not returned when the module fails.
+  returned: success
+  type: str
+  sample: resumed
+cells_left:
+  description: How many cells will run their command (in check mode, would).
+  returned: success
+  type: int
+recopy_cells:
+  description: Cells whose command succeeded (C(exit.json)) but whose copy is not verified; the runner copies and
+    verifies them again, without training them.
+  returned: success
+  type: list
+  elements: str
+kept_cells:
+  description: Cells whose result is done and kept as it is.
+  returned: success
+  type: list
+  elements: str
+changes:
+  description: "How this launch's spec differs from the box's C(spec.json), one short phrase each (C(cell c added),
+    C(cell a: command changed), C(artifacts changed)); empty when it does not, or when the box has no such run."
+  returned: success, and when a changed spec is refused
+  type: list
+  elements: str
 launch_id:
   description: The launch the run belongs to (from C(run.json) for a run already there; in check mode, the id a
     start would use), or null for a run registered before launch ids.
@@ -356,6 +461,9 @@ CELL_OPTIONS = {
     "timeout_s": {"type": "float"},
     "retries": {"type": "int", "default": 0},
     "checkpoint_dir": {"type": "str"},
+    "artifacts": {"type": "list", "elements": "str"},
+    "optional_artifacts": {"type": "list", "elements": "str"},
+    "prune": {"type": "list", "elements": "str"},
 }
 ARGUMENT_SPEC = {
     "run": {"type": "str", "required": True},
@@ -373,6 +481,10 @@ ARGUMENT_SPEC = {
     "max_parallel": {"type": "int"},
     "prune": {"type": "list", "elements": "str", "default": []},
     "artifacts": {"type": "list", "elements": "str", "default": []},
+    "optional_artifacts": {"type": "list", "elements": "str", "default": []},
+    "verify_cmd": {"type": "list", "elements": "str"},
+    "verify_timeout_s": {"type": "float", "default": 300.0},
+    "check_finite": {"type": "bool", "default": False},
     "stop_on_failure": {"type": "bool", "default": False},
     "detach": {"type": "str", "choices": ["auto", "tmux", "setsid"], "default": "auto"},
     "allow_concurrent": {"type": "bool", "default": False},
@@ -385,6 +497,7 @@ ARGUMENT_SPEC = {
     },
     "launch_id": {"type": "str"},
     "new_attempt": {"type": "bool", "default": False},
+    "apply_changes": {"type": "bool", "default": False},
     "start_timeout_s": {"type": "float", "default": 20.0},
 }
 OPTION_BOUNDS = {
@@ -395,6 +508,7 @@ OPTION_BOUNDS = {
     "monitor_interval_s": Between(0.1, 86400),
     "monitor_max_bytes": Between(4096, 1 << 40),
     "start_timeout_s": Between(0, 600, above_low=True),
+    "verify_timeout_s": Between(1, 86400),
 }
 
 

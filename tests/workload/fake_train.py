@@ -5,6 +5,8 @@
                   [--ignore-sigterm] [--nan] [--fill-disk [--fill-limit-mib N]] [--silent] [--stop-file PATH]
                   [--fork-children N [--child-s S] [--child-term-delay S]] [--record FILE]
                   [--print-env NAME ...] [--show-env NAME ...]
+                  [--layout pth|plain|lightning|hf] [--nan-weights] [--truncate-best] [--detach-helper S]
+                  [--starts-file FILE]
 
 It prints ``epoch i/N step j/M loss x`` lines (the progress patrol reads), writes ``latest.pth`` every epoch and
 ``best.pth`` when the loss improves (random bytes, ``--ckpt-kib`` each) into ``--out`` (alias ``--ckpt``; default
@@ -22,6 +24,23 @@ whole fit ends. ``--stop-file PATH`` ends the training, as a success, after the 
 first 16 hex digits of its sha256. ``--show-env`` prints the value itself (for CUDA_VISIBLE_DEVICES and the like).
 ``--record`` appends JSON lines ``{event, ts, pid, cell, gpus}`` (start, end, child_exit): the tests' independent
 view of when a cell's processes lived. Standard library only: it runs on the fleet's bare system Python.
+
+``--layout`` picks what the checkpoints look like (default ``pth``: the ``latest.pth`` / ``best.pth`` above):
+
+- ``plain`` (a plain PyTorch loop): ``last.pt`` every epoch, ``best.pt`` when the loss improves.
+- ``lightning``: ``checkpoints/epoch=E-step=S.ckpt`` (only the newest kept, E counted from 0) and
+  ``checkpoints/last.ckpt``.
+- ``hf`` (Hugging Face Trainer): a directory ``checkpoint-<step>/`` per epoch (``model.safetensors``,
+  ``optimizer.pt``, ``trainer_state.json``), then ``model.safetensors`` and ``config.json`` in ``--out``.
+
+The ``.pt`` / ``.ckpt`` files are pickle-free containers (``CKPT_MAGIC``, the payload's length, the payload, its
+sha256) that tests/workload/load_check.py checks; ``model.safetensors`` is a real safetensors file (one F32
+tensor), with a NaN in the final one under ``--nan-weights``. ``--truncate-best`` cuts the last ``best.pt`` /
+``best.pth`` to half its size and still exits 0, as a disk that filled up during ``torch.save`` leaves it under a
+loop that does not check the save. ``--detach-helper S`` starts ``sleep S`` with an empty environment in a session
+of its own (``env -i setsid sleep S &``: no marker of the run) and writes its pid to ``helper.pid`` in ``--out``.
+``--starts-file`` appends one line per start of the program (``start <cell> <pid>``): a test's proof that a cell
+was, or was not, trained again.
 """
 
 from __future__ import annotations
@@ -33,7 +52,10 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
+import struct
+import subprocess
 import sys
 import time
 from typing import List, Optional
@@ -65,6 +87,11 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--record", default=None, help="append JSON event lines to this file")
     parser.add_argument("--print-env", nargs="+", default=[], metavar="NAME")
     parser.add_argument("--show-env", nargs="+", default=[], metavar="NAME")
+    parser.add_argument("--layout", choices=LAYOUTS, default="pth", help="what the checkpoints look like")
+    parser.add_argument("--nan-weights", action="store_true", help="a NaN in the final model.safetensors (hf)")
+    parser.add_argument("--truncate-best", action="store_true", help="cut the last best checkpoint to half its size")
+    parser.add_argument("--detach-helper", type=float, default=None, metavar="S", help="env -i setsid sleep S &")
+    parser.add_argument("--starts-file", default=None, help="append a line to this file at each start")
     return parser.parse_args(argv)
 
 
@@ -140,6 +167,101 @@ def _fill_disk(directory: str, limit_mib: Optional[int]) -> None:
             written += 1
 
 
+LAYOUTS = ("pth", "plain", "lightning", "hf")
+# The checkpoint container of --layout plain / lightning / hf (load_check.py reads it): magic, payload length
+# (big-endian u64), payload, sha256 of the payload. A cut file shows as a length or digest mismatch.
+CKPT_MAGIC = b"RGTCKPT1"
+
+
+def _write(path: str, data: bytes) -> None:
+    """Atomically, as torch.save to a temp name and a rename would."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temporary = f"{path}.tmp"
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+    os.replace(temporary, path)
+
+
+def container(payload: bytes) -> bytes:
+    return CKPT_MAGIC + struct.pack(">Q", len(payload)) + payload + hashlib.sha256(payload).digest()
+
+
+def safetensors(values: List[float]) -> bytes:
+    """A safetensors file holding one F32 tensor ``weight``: u64 header length, JSON header, raw data."""
+    data = struct.pack(f"<{len(values)}f", *values)
+    header = {"__metadata__": {"format": "pt"}, "weight": {"dtype": "F32", "shape": [len(values)],
+                                                         "data_offsets": [0, len(data)]}}  # fmt: skip
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the format pads the header with spaces to 8 bytes
+    return struct.pack("<Q", len(encoded)) + encoded + data
+
+
+def _weights(kib: int, nan: bool = False) -> List[float]:
+    values = [random.uniform(-1.0, 1.0) for _ in range(max(1, kib * 256))]
+    if nan:
+        values[len(values) // 2] = float("nan")
+    return values
+
+
+def _save_epoch(args: argparse.Namespace, out: str, epoch: int, improved: bool) -> None:
+    """One epoch's checkpoints in the layout asked for."""
+    step = epoch * args.steps_per_epoch
+
+    def payload() -> bytes:
+        return os.urandom(args.ckpt_kib * 1024)
+
+    if args.layout == "pth":
+        _save(out, "latest.pth", args.ckpt_kib)
+        if improved:
+            _save(out, "best.pth", args.ckpt_kib)
+    elif args.layout == "plain":
+        _write(os.path.join(out, "last.pt"), container(payload()))
+        if improved:
+            _write(os.path.join(out, "best.pt"), container(payload()))
+    elif args.layout == "lightning":
+        directory = os.path.join(out, "checkpoints")
+        name = f"epoch={epoch - 1}-step={step}.ckpt"
+        _write(os.path.join(directory, name), container(payload()))
+        for old in os.listdir(directory):  # ModelCheckpoint(save_top_k=1): only the newest epoch file stays
+            if old.startswith("epoch=") and old.endswith(".ckpt") and old != name:
+                os.remove(os.path.join(directory, old))
+        _write(os.path.join(directory, "last.ckpt"), container(payload()))
+    else:
+        directory = os.path.join(out, f"checkpoint-{step}")
+        _write(os.path.join(directory, "model.safetensors"), safetensors(_weights(args.ckpt_kib)))
+        _write(os.path.join(directory, "optimizer.pt"), container(payload()))
+        state = {"global_step": step, "epoch": float(epoch)}
+        _write(os.path.join(directory, "trainer_state.json"), json.dumps(state).encode())
+
+
+def _save_final(args: argparse.Namespace, out: str) -> None:
+    """What the end of a fit writes (hf: trainer.save_model), then a best checkpoint cut short if asked."""
+    if args.layout == "hf":
+        _write(os.path.join(out, "model.safetensors"), safetensors(_weights(args.ckpt_kib, args.nan_weights)))
+        _write(os.path.join(out, "config.json"), json.dumps({"model_type": "fake", "hidden_size": 8}).encode())
+    best = {"pth": "best.pth", "plain": "best.pt"}.get(args.layout)
+    if args.truncate_best and best and os.path.exists(os.path.join(out, best)):
+        path = os.path.join(out, best)
+        os.truncate(path, os.path.getsize(path) // 2)
+
+
+def _start_helper(seconds: float, out: str) -> None:
+    """``env -i setsid sleep S &``: no environment (so no run marker), its own session, never waited for."""
+    helper = subprocess.Popen(
+        [shutil.which("sleep") or "/bin/sleep", f"{seconds:g}"], env={}, start_new_session=True, close_fds=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    with open(os.path.join(out, "helper.pid"), "w") as handle:
+        handle.write(f"{helper.pid}\n")
+    print(f"helper pid {helper.pid}", flush=True)
+
+
+def _append_start(path: Optional[str]) -> None:
+    if path:
+        with open(path, "a") as handle:
+            handle.write(f"start {os.environ.get('RGT_CELL', '-')} {os.getpid()}\n")
+
+
 # What PyTorch 2.x prints when the caching allocator cannot satisfy a request (the frames are a typical
 # training script's; the message is torch's own wording).
 CUDA_OOM_TRACEBACK = """Traceback (most recent call last):
@@ -181,8 +303,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = args.out or os.environ.get("RGT_CELL_DIR") or os.getcwd()
     os.makedirs(out, exist_ok=True)
     _record(args.record, "start")
+    _append_start(args.starts_file)
     _show_environment(args)
     _fork_children(args)
+    if args.detach_helper is not None:
+        _start_helper(args.detach_helper, out)
     crash_at = args.crash_at_epoch if args.crash_at_epoch is not None else (1 if args.crash or args.cuda_oom else None)
     best = math.inf
     epoch = 0
@@ -208,12 +333,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                 break
         if args.fill_disk:
             _fill_disk(out, args.fill_limit_mib)
-        _save(out, "latest.pth", args.ckpt_kib)
-        if epoch == 1 or loss < best:  # a NaN loss never improves on the first epoch's checkpoint
+        improved = epoch == 1 or loss < best  # a NaN loss never improves on the first epoch's checkpoint
+        if improved:
             best = loss
-            _save(out, "best.pth", args.ckpt_kib)
+        _save_epoch(args, out, epoch, improved)
         if args.stop_file and os.path.exists(args.stop_file):
             break  # the epoch was cut short at the step the file appeared; its checkpoints are saved
+    _save_final(args, out)
     _record(args.record, "end")
     sys.stdout.flush()
     if args.signal_self is not None:

@@ -5,7 +5,8 @@
 Every decision that starts something is taken under an flock on ``<data_dir>/runs/.launch.lock``, held until the
 new runner has registered itself in ``run.json``: two launches racing on one box never start two copies of a run,
 nor two runs where ``allow_concurrent`` is off. A run name that was torn down, or whose durable copy holds another
-launch, is refused unless the user asks for a new attempt (``_launch_attempt``). The runner itself (``_runner``)
+launch, is refused unless the user asks for a new attempt (``_launch_attempt``); a launch over the box's own copy of
+the run (a changed spec, a dead runner's cells still training) is decided by ``_relaunch``. The runner (``_runner``)
 does the cells; this side writes its input (``spec.json``, ``.secrets.json``), installs its code, detaches it and
 reads back the run's state. Secrets reach only the 0600 file: never a message, a result or another file. Pure
 standard library.
@@ -15,40 +16,38 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._command import subprocess_runner
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._deadline import run_with_deadline
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _run_detach as detach
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch._launch_attempt import (
-    Attempt,
     AttemptRefused,
     archive,
-    new_launch_id,
-    plan,
     recorded_launch_id,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch._relaunch import (
+    RelaunchRefused,
+    archived_text,
+    decide_start,
+    summary,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._run_state import (
     OnDisk,
-    done_cells,
     facts,
-    read_json_quietly,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import (
     RUN_MARKER,
     LaunchLockBusy,
     Run,
     launch_lock,
-    read_run_registry,
     run_dir,
-    run_json,
     write_json_atomic,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runspec import (
@@ -72,7 +71,8 @@ POLL_S = 0.05
 # The keys spec.json takes from the module's options as they are.
 SPEC_OPTIONS = (
     "run", "data_dir", "durable_dir", "workdir", "env_hook", "conda_env", "gpus_per_cell", "max_parallel", "prune",
-    "artifacts", "stop_on_failure", "stop_grace_s", "monitor_interval_s", "monitor_max_bytes", "shard", "launch_id",
+    "artifacts", "optional_artifacts", "verify_cmd", "verify_timeout_s", "check_finite", "stop_on_failure",
+    "stop_grace_s", "monitor_interval_s", "monitor_max_bytes", "shard", "launch_id",
 )  # fmt: skip
 
 
@@ -146,7 +146,7 @@ def _probe_data_dir(data_dir: str) -> None:
 def _probe_durable_dir(spec: RunSpec) -> None:
     """A run that declares artifacts needs its durable_dir now: found missing only at the first sync, every cell
     would train for hours and end "sync failed". Never created here: a missing one may be an unmounted volume."""
-    if not spec.artifacts or not spec.durable_dir:
+    if not spec.durable_dir or not any(spec.declares_artifacts(cell) for cell in spec.cells):
         return
     probe = functools.partial(os.path.isdir, spec.durable_dir)
     answer = run_with_deadline({"isdir": probe}, DATA_DIR_TIMEOUT_S)["isdir"]
@@ -281,102 +281,6 @@ def _detach_kind(requested: str) -> Tuple[str, Optional[str]]:
     return ("tmux", tmux) if requested in ("auto", "tmux") and tmux else ("setsid", None)
 
 
-def _without_launch_id(document: Mapping[str, Any]) -> Dict[str, Any]:
-    return {key: value for key, value in document.items() if key != "launch_id"}
-
-
-def _existing(spec: RunSpec, disk: OnDisk, warn: Callable[[str], None]) -> Optional[Dict[str, Any]]:
-    """The result for a run that is alive or done (nothing to start), else None."""
-    if not (disk.live or disk.done):
-        return None
-    result = dict(facts(spec, spec.data_dir, spec.run, disk), launch_id=recorded_launch_id(disk.record), archived=[])
-    on_disk = read_json_quietly(spec_json(spec.run_dir))
-    ours = json.loads(json.dumps(spec.to_json()))
-    if on_disk is not None and _without_launch_id(on_disk) != _without_launch_id(ours):
-        warn(f"run {spec.run} on the box has another spec than this launch; give a changed sweep a new run name")
-    if not disk.done:
-        return dict(result, changed=False, msg=f"run {spec.run} already running (pgid {result['pgid']})")
-    return dict(result, changed=False, msg=f"run {spec.run} is done: every cell succeeded and verified")
-
-
-def _refuse_others(spec: RunSpec, allow_concurrent: bool, warn: Callable[[str], None]) -> None:
-    runs, problems = read_run_registry(spec.data_dir)
-    for problem in problems:
-        warn(f"run registry: {problem}")
-    others = [r for r in runs if r.name != spec.run and detach.is_live(r)]
-    if others and not allow_concurrent:
-        names = ", ".join(f"{r.name} (pgid {r.pgid})" for r in others)
-        raise LaunchError(f"run {names} is running on this box; set allow_concurrent to start {spec.run} beside it")
-
-
-def _leftovers(spec: RunSpec, warn: Callable[[str], None]) -> float:
-    """Seconds the new runner may need first: cells of a dead runner that still run are stopped before it registers."""
-    left = detach.run_members(Run(spec.run, spec.run_dir), [f"{RUN_MARKER}={spec.run_dir}"])
-    if not left:
-        return 0.0
-    warn(f"{len(left)} process(es) of run {spec.run}'s dead runner still run; the new runner stops them first")
-    return spec.stop_grace_s + STOP_SETTLE_S
-
-
-def _archived_text(attempt: Attempt, check_mode: bool) -> str:
-    if not attempt.archives:
-        return ""
-    moves = ", ".join(f"{item.source} -> {item.destination}" for item in attempt.archives)
-    return f"; {'would archive' if check_mode else 'archived'} the earlier attempt: {moves}"
-
-
-@dataclass(frozen=True)
-class _Decision:
-    """What the start decided under the lock: a result when nothing is to start (or check mode), else the plan."""
-
-    spec: RunSpec
-    disk: OnDisk
-    attempt: Attempt
-    skipped: List[str]
-    extra_s: float
-    result: Optional[Dict[str, Any]] = None
-
-
-def _decide(
-    spec: RunSpec, params: Mapping[str, Any], how: str, check_mode: bool, warn: Callable[[str], None]
-) -> _Decision:
-    disk = OnDisk(spec.data_dir, spec.run)
-    if disk.problem:
-        warn(disk.problem)
-    # A box holding the run's run.json resumes the launch recorded there, whatever id this call brings.
-    has_scratch = os.path.lexists(run_json(spec.data_dir, spec.run))
-    box_id = recorded_launch_id(disk.record) if has_scratch else None
-    spec = replace(spec, launch_id=box_id or spec.launch_id or new_launch_id())
-    launch_id = str(spec.launch_id)
-    existing = _existing(spec, disk, warn)
-    if existing is not None:
-        return _Decision(spec, disk, Attempt(launch_id), [], 0.0, existing)
-    _refuse_others(spec, bool(params.get("allow_concurrent")), warn)
-    try:
-        new_attempt = bool(params.get("new_attempt"))
-        attempt = plan(
-            spec.run,
-            spec.data_dir,
-            spec.durable_dir,
-            launch_id=launch_id,
-            has_scratch=has_scratch,
-            new_attempt=new_attempt,
-        )
-    except AttemptRefused as exc:
-        raise LaunchError(str(exc), {"launch_id": launch_id, "archived": []}) from exc
-    skipped = done_cells(spec)
-    extra_s = _leftovers(spec, warn)
-    if not check_mode:
-        return _Decision(spec, disk, attempt, skipped, extra_s)
-    todo = len(spec.cells) - len(skipped)
-    msg = f"would {'resume' if skipped else 'start'} run {spec.run} ({how}): {todo} cell(s) to run"
-    msg += f", skipped (already done): {', '.join(skipped)}" if skipped else ""
-    result = dict(facts(spec, spec.data_dir, spec.run, disk), state="running", detach=how, attach=None)
-    result.update(launch_id=launch_id, archived=[item.as_fact() for item in attempt.archives])
-    result.update(changed=True, resumed=bool(skipped), skipped_cells=skipped, msg=msg + _archived_text(attempt, True))
-    return _Decision(spec, disk, attempt, skipped, extra_s, result)
-
-
 def started(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], None]) -> Dict[str, Any]:
     gpus = params.get("gpus")
     spec, secrets = build_spec(params, list(gpus) if gpus is not None else detect_gpus())
@@ -390,11 +294,14 @@ def started(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], N
         warn(f"workdir {spec.workdir} is not a directory yet")
     how, tmux = _detach_kind(params.get("detach") or "auto")
     start_timeout_s = params["start_timeout_s"]
-    # Another launch holds the lock while its runner registers, which may wait for a dead runner's cells to stop.
-    lock = launch_lock(spec.data_dir, start_timeout_s + spec.stop_grace_s + STOP_SETTLE_S + LOCK_MARGIN_S)
+    # Another launch holds the lock while its runner registers (a dead runner's cells are refused, never waited on).
+    lock = launch_lock(spec.data_dir, start_timeout_s + LOCK_MARGIN_S)
     try:
         with contextlib.nullcontext() if check_mode else lock:
-            decision = _decide(spec, params, how, check_mode, warn)
+            try:
+                decision = decide_start(spec, params, how, check_mode, warn)
+            except RelaunchRefused as exc:
+                raise LaunchError(str(exc), exc.facts) from exc
             if decision.result is not None:
                 return decision.result
             spec, attempt = decision.spec, decision.attempt
@@ -408,7 +315,7 @@ def started(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], N
                 except OSError as exc:
                     raise LaunchError(f"could not write the run's files under {spec.run_dir}: {exc}") from exc
                 runner = start_runner(spec, how, tmux, run_py, decision.disk.record.get("started_at"))
-                disk = wait_registered(spec, runner, start_timeout_s + decision.extra_s, secrets)
+                disk = wait_registered(spec, runner, start_timeout_s, secrets)
             except AttemptRefused as exc:
                 done = [item.as_fact() for item in exc.done]
                 raise LaunchError(str(exc), {"launch_id": spec.launch_id, "archived": done}) from exc
@@ -417,16 +324,16 @@ def started(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], N
                 raise
     except LaunchLockBusy as exc:
         raise LaunchError(str(exc)) from exc
+    relaunch = decision.relaunch
     result = facts(spec, spec.data_dir, spec.run, disk)
-    result["skipped_cells"] = result["skipped_cells"] or decision.skipped
+    result["skipped_cells"] = result["skipped_cells"] or list(relaunch.cells.kept)
     result.update(changed=True, resumed=bool(result["skipped_cells"]), launch_id=spec.launch_id, archived=archived)
+    result.update(relaunch.as_facts())
     where = f"{result['detach']}, pgid {result['pgid']}"
-    msg = f"run {spec.run} {'resumed' if result['resumed'] else 'started'} ({where}): {len(spec.cells)} cell(s)"
-    if result["skipped_cells"]:
-        msg += f", skipped (already done): {', '.join(result['skipped_cells'])}"
+    msg = f"run {spec.run} {relaunch.outcome} ({where}): {summary(relaunch)}"
     if not disk.live:
         msg += f"; its runner already ended ({result['state']})"
-    return dict(result, msg=msg + _archived_text(attempt, False))
+    return dict(result, msg=msg + archived_text(attempt, False))
 
 
 def stopped(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], None]) -> Dict[str, Any]:

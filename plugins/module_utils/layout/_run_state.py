@@ -3,14 +3,15 @@
 """A run's state as ``training_run`` reports it, read back from the run directory (contracts/run-layout.md).
 
 ``run.json`` says which runner registered and whether it lives (``_proctree.run_is_live``, PID-reuse guard
-included), ``DONE`` whether the run finished, each ``result.json`` how its cell ended. Read-only; pure standard
-library.
+included), ``DONE`` whether the run finished, each ``result.json`` how its cell ended (``exit.json`` how its
+command did, before any copy). Read-only; pure standard library.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _run_detach as detach
@@ -18,8 +19,10 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs im
     MAX_RUN_JSON_BYTES,
     Run,
     done_marker,
+    exit_json,
     parse_result,
     parse_run,
+    read_exit,
     result_json,
     run_dir,
 )
@@ -86,7 +89,7 @@ def cell_facts(spec: Optional[RunSpec], data_dir: str, run: str, disk: OnDisk) -
     """
     views = {v.get("name"): v for v in disk.record.get("cells") or [] if isinstance(v, dict)}
     names = [cell.name for cell in spec.cells] if spec is not None else [str(n) for n in views if n]
-    declares = bool(spec.artifacts) if spec is not None else True
+    declares = {cell.name: spec.declares_artifacts(cell) for cell in spec.cells} if spec is not None else {}
     started = disk.registered.started_at if disk.registered is not None and disk.live else None
     facts = []
     for name in names:
@@ -95,7 +98,7 @@ def cell_facts(spec: Optional[RunSpec], data_dir: str, run: str, disk: OnDisk) -
         entry.update(dict.fromkeys(("sync", "exit_code", "signal", "attempts", "reason")))
         if raw is not None:
             parsed = parse_result(raw)
-            entry.update(done=parsed.counts_as_done(declares), status=parsed.status, sync=parsed.sync)
+            entry.update(done=parsed.counts_as_done(declares.get(name, True)), status=parsed.status, sync=parsed.sync)
             entry.update(exit_code=parsed.exit_code, signal=parsed.signal, attempts=raw.get("attempts"))
             entry["reason"] = raw.get("sync_error") or raw.get("reason")
             if started is not None and not entry["done"] and parsed.ended_at < started:
@@ -134,10 +137,42 @@ def read_json_quietly(path: str) -> Optional[Dict[str, Any]]:
         return None
 
 
-def done_cells(spec: RunSpec) -> List[str]:
-    done = []
+@dataclass(frozen=True)
+class Progress:
+    """Where each cell of a spec stands, from its files: ``kept`` (result done: the runner skips it), ``recopy``
+    (its command succeeded, exit.json says so, but its result is not done: the runner only copies again) and
+    ``left`` (the runner runs its command)."""
+
+    kept: Tuple[str, ...]
+    recopy: Tuple[str, ...]
+    left: Tuple[str, ...]
+
+    def as_facts(self) -> Dict[str, Any]:
+        return {"kept_cells": list(self.kept), "recopy_cells": list(self.recopy), "cells_left": len(self.left)}
+
+
+def _exit_status(data_dir: str, run: str, cell: str) -> Optional[str]:
+    """How the cell's command ended as the runner reads it before a re-copy: exit.json (written when the command
+    ended, before any sync), else a result.json that names its command; None without either."""
+    ended = read_exit(exit_json(run_dir(data_dir, run), cell)) or read_exit(result_json(data_dir, run, cell))
+    return ended.get("status") if ended is not None else None
+
+
+def command_succeeded(data_dir: str, run: str, cell: str) -> bool:
+    """The cell's command ended with success, as exit.json or result.json says: its files may be in the durable
+    copy."""
+    raw, _problem = _result(data_dir, run, cell)
+    return _exit_status(data_dir, run, cell) == "succeeded" or (raw or {}).get("status") == "succeeded"
+
+
+def progress(spec: RunSpec) -> Progress:
+    kept, recopy, left = [], [], []
     for cell in spec.cells:
         raw, _problem = _result(spec.data_dir, spec.run, cell.name)
-        if raw is not None and parse_result(raw).counts_as_done(bool(spec.artifacts)):
-            done.append(cell.name)
-    return done
+        if raw is not None and parse_result(raw).counts_as_done(spec.declares_artifacts(cell)):
+            kept.append(cell.name)
+        elif _exit_status(spec.data_dir, spec.run, cell.name) == "succeeded":
+            recopy.append(cell.name)
+        else:
+            left.append(cell.name)
+    return Progress(tuple(kept), tuple(recopy), tuple(left))

@@ -180,6 +180,34 @@ def result_json(data_dir: str, run: str, cell: str) -> str:
     return os.path.join(cell_dir(data_dir, run, cell), "result.json")
 
 
+def exit_json(run_directory: str, cell: str) -> str:
+    """``<run>/cells/<cell>/exit.json``: how the cell's command ended, written before any sync of its artifacts."""
+    return os.path.join(run_directory, "cells", _checked_name("cell", cell), "exit.json")
+
+
+def read_exit(path: str) -> Optional[Dict[str, Any]]:
+    """An exit.json document (or a result.json, read for the same fields), or None when there is none or it cannot
+    be trusted (unreadable, not an object, a status other than succeeded/failed, a succeeded status that contradicts
+    its exit code, times that do not parse): the cell then runs its command again rather than pass for a success."""
+    try:
+        with open(path, "rb") as handle:
+            data = json.loads(handle.read(MAX_RUN_JSON_BYTES + 1).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("status") not in RESULT_STATUSES:
+        return None
+    command = data.get("command")  # absent from a result.json of a runner before exit.json
+    if command is not None and not (isinstance(command, list) and all(isinstance(part, str) for part in command)):
+        return None
+    try:  # a result.json is made from it: its times must parse as result.json's do
+        _timestamp(data, "started_at"), _timestamp(data, "ended_at")
+    except ValueError:
+        return None
+    code = data.get("exit_code")
+    succeeded = code == 0 and not isinstance(code, bool) and data.get("signal") is None
+    return data if (data["status"] == "succeeded") == succeeded else None
+
+
 def monitor_jsonl(data_dir: str, run: str) -> str:
     return os.path.join(run_dir(data_dir, run), "monitor.jsonl")
 

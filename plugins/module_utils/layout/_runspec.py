@@ -33,6 +33,9 @@ MAX_SPEC_BYTES = 4 * 1024 * 1024
 DEFAULT_STOP_GRACE_S = 30.0
 DEFAULT_MONITOR_INTERVAL_S = 30.0
 DEFAULT_MONITOR_MAX_BYTES = 8 * 1024 * 1024
+DEFAULT_VERIFY_TIMEOUT_S = 300.0
+# The artifact lists a cell may set for itself; absent (None), the run's list of the same name applies.
+ARTIFACT_KEYS = ("artifacts", "optional_artifacts", "prune")
 # Environment names a run may set; a secret or variable with another name is refused before anything starts.
 ENV_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
@@ -48,6 +51,10 @@ class CellSpec:
     # Where the cell writes checkpoints, absolute; None: the cell directory. Prune and artifact globs are relative
     # to it.
     checkpoint_dir: Optional[str] = None
+    # The cell's own lists (ARTIFACT_KEYS); None: the run's. An empty tuple is the cell's own "none".
+    artifacts: Optional[Tuple[str, ...]] = None
+    optional_artifacts: Optional[Tuple[str, ...]] = None
+    prune: Optional[Tuple[str, ...]] = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,11 @@ class RunSpec:
     max_parallel: Optional[int] = None
     prune: Tuple[str, ...] = ()
     artifacts: Tuple[str, ...] = ()
+    optional_artifacts: Tuple[str, ...] = ()  # patterns that may match nothing
+    # Run on each copied artifact (argv; "{path}" replaced by the copy's path, else the path is appended).
+    verify_cmd: Optional[Tuple[str, ...]] = None
+    verify_timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S
+    check_finite: bool = False  # every *.safetensors artifact's float tensors must hold no NaN or Inf
     stop_on_failure: bool = False
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
     monitor_interval_s: float = DEFAULT_MONITOR_INTERVAL_S
@@ -76,6 +88,19 @@ class RunSpec:
     @property
     def run_dir(self) -> str:
         return run_dir(self.data_dir, self.run)
+
+    def artifacts_of(self, cell: CellSpec) -> Tuple[str, ...]:
+        return self.artifacts if cell.artifacts is None else cell.artifacts
+
+    def optional_artifacts_of(self, cell: CellSpec) -> Tuple[str, ...]:
+        return self.optional_artifacts if cell.optional_artifacts is None else cell.optional_artifacts
+
+    def prune_of(self, cell: CellSpec) -> Tuple[str, ...]:
+        return self.prune if cell.prune is None else cell.prune
+
+    def declares_artifacts(self, cell: CellSpec) -> bool:
+        """The contract's done rule then needs ``sync: verified`` for this cell (``skipped`` is not enough)."""
+        return bool(self.artifacts_of(cell) or self.optional_artifacts_of(cell))
 
     def slots(self) -> int:
         """How many cells may run at once."""
@@ -159,6 +184,20 @@ def _relative_globs(values: Any, what: str) -> Tuple[str, ...]:
     return tuple(values)
 
 
+def _argv(value: Any, what: str) -> Optional[Tuple[str, ...]]:
+    if value is None:
+        return None
+    valid = isinstance(value, list) and bool(value) and all(isinstance(part, str) for part in value)
+    _require(valid and bool(value[0]), f"{what} must be a non-empty list of strings (an argv), not {value!r}")
+    _require(not any("\0" in part for part in value), f"{what} must not contain a NUL character")
+    return tuple(value)
+
+
+def _flag(value: Any, what: str) -> bool:
+    _require(isinstance(value, bool), f"{what} must be true or false, not {value!r}")
+    return value
+
+
 def _environment(values: Any, what: str) -> Dict[str, str]:
     _require(isinstance(values, dict), f"{what} must be a mapping of names to strings")
     for key, value in values.items():
@@ -180,6 +219,10 @@ def _cell(data: Any, index: int) -> CellSpec:
         timeout_s=_number(data.get("timeout_s"), f"cell {name}: timeout_s", 1, optional=True),
         retries=_integer(data.get("retries", 0), f"cell {name}: retries", 0) or 0,
         checkpoint_dir=_absolute(data.get("checkpoint_dir"), f"cell {name}: checkpoint_dir", optional=True),
+        **{
+            key: _relative_globs(data[key], f"cell {name}: {key}") if data.get(key) is not None else None
+            for key in ARTIFACT_KEYS
+        },
     )
 
 
@@ -212,6 +255,11 @@ def parse_spec(data: Any) -> RunSpec:
         max_parallel=_integer(data.get("max_parallel"), "max_parallel", 1, optional=True),
         prune=_relative_globs(data.get("prune") or [], "prune"),
         artifacts=_relative_globs(data.get("artifacts") or [], "artifacts"),
+        optional_artifacts=_relative_globs(data.get("optional_artifacts") or [], "optional_artifacts"),
+        verify_cmd=_argv(data.get("verify_cmd"), "verify_cmd"),
+        verify_timeout_s=_number(data.get("verify_timeout_s", DEFAULT_VERIFY_TIMEOUT_S), "verify_timeout_s", 1)
+        or DEFAULT_VERIFY_TIMEOUT_S,
+        check_finite=_flag(data.get("check_finite", False), "check_finite"),
         stop_on_failure=bool(data.get("stop_on_failure", False)),
         stop_grace_s=_number(data.get("stop_grace_s", DEFAULT_STOP_GRACE_S), "stop_grace_s", 0) or 0.0,
         monitor_interval_s=_number(
@@ -228,7 +276,11 @@ def parse_spec(data: Any) -> RunSpec:
             spec.gpus_per_cell <= len(spec.gpus),
             f"gpus_per_cell {spec.gpus_per_cell} is more than the box's {len(spec.gpus)} GPUs",
         )
-    _require(not spec.artifacts or spec.durable_dir is not None, "artifacts are declared but durable_dir is not set")
+    declaring = [cell.name for cell in spec.cells if spec.declares_artifacts(cell)]
+    _require(
+        not declaring or spec.durable_dir is not None,
+        f"artifacts are declared but durable_dir is not set (cells {', '.join(declaring)})",
+    )
     _require(spec.conda_env is None or isinstance(spec.conda_env, str), "conda_env must be a string")
     return spec
 

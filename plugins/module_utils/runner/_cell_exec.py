@@ -7,16 +7,20 @@
 - stdout and stderr are appended to the cell's own log (never a shared, tee'd one: a crash scan of one cell must
   not see another's traceback), stdin is /dev/null.
 - The exit status is the command's own, from waitpid (the seed's ``| tee`` recorded tee's status); an env hook
-  or conda env goes through a fixed bash wrapper that ends in ``exec``, so the status is still the command's.
-- When the command ends (any way), what is left of its group, and any process carrying its attempt's marker in
-  its environment (a worker that called setsid), is stopped: SIGTERM, then SIGKILL after the grace period. Only
-  when none is left may its GPUs go to another cell.
+  or conda env goes through a fixed bash wrapper that ends in ``exec``, so the status is still the command's. A
+  hook that exits the wrapper (``exit 1`` in a sourced file) is written to a status file the runner names, so it
+  is never read as the command's own exit.
+- When the command ends (any way), what is left of its group, any process carrying its attempt's marker in its
+  environment (a worker that called setsid), and whatever the runner's tracker recorded as the attempt's (a
+  helper started with ``env -i setsid``) is stopped: SIGTERM, then SIGKILL after the grace period. Only when none
+  is left may its GPUs go to another cell.
 
 Pure standard library (Python 3.8+), Linux /proc.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -26,7 +30,9 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._env_hook import hook_failure
 
 POLL_S = 0.05
 # Waiting for processes to go scans /proc: fast at first (most go at once), then gentler on a busy box.
@@ -36,34 +42,6 @@ KILL_WAIT_S = 10.0
 MAX_ENVIRON_BYTES = 1024 * 1024
 EXIT_NOT_STARTED = 127  # the shell's "command not found": the command never ran
 MARKER_VARIABLE = "RGT_CELL_TOKEN"
-
-# The one shell text the runner ever runs: a constant, never built from user input. Its arguments are the env hook
-# file (trusted operator input: the platform profile's, e.g. /etc/network_turbo) or "", the conda env or "", "--",
-# then the cell's argv. The argv is saved in an array before anything is sourced (a hook may shift or set -- the
-# positional parameters), and the last step is exec: the exit status recorded is the command's own.
-ENV_WRAPPER = r"""__rgt_hook=$1 __rgt_conda=$2
-shift 2
-[ "${1-}" = "--" ] && shift
-__rgt_argv=("$@")
-set --
-if [ -n "$__rgt_hook" ]; then
-  if [ ! -r "$__rgt_hook" ]; then echo "rgt: env_hook $__rgt_hook is not a readable file" >&2; exit 126; fi
-  . "$__rgt_hook" || echo "rgt: env_hook $__rgt_hook returned $?, going on" >&2
-fi
-if [ -n "$__rgt_conda" ]; then
-  for __rgt_base in "${CONDA_EXE:+${CONDA_EXE%/bin/conda}}" "$HOME/miniconda3" "$HOME/anaconda3" \
-      /root/miniconda3 /opt/conda /usr/local/miniconda3; do
-    if [ -n "$__rgt_base" ] && [ -f "$__rgt_base/etc/profile.d/conda.sh" ]; then
-      . "$__rgt_base/etc/profile.d/conda.sh"; break
-    fi
-  done
-  if ! command -v conda >/dev/null 2>&1; then
-    echo "rgt: conda not found, cannot activate $__rgt_conda" >&2; exit 126
-  fi
-  conda activate "$__rgt_conda" || { echo "rgt: conda activate $__rgt_conda did not succeed" >&2; exit 126; }
-fi
-exec "${__rgt_argv[@]}"
-"""
 
 
 def utc_iso(timestamp: float) -> str:
@@ -169,6 +147,16 @@ def own_ids() -> Tuple[Optional[int], Optional[int]]:
     return tuple(value if value > 1 else None for value in (os.getpgrp(), os.getsid(0)))  # type: ignore[return-value]
 
 
+def still_running(procs: Sequence[ProcStat], proc: str = "/proc") -> List[ProcStat]:
+    """Those of ``procs`` still alive as the same process (same start time: a reused pid is another process)."""
+    found = []
+    for known in procs:
+        now = read_stat(known.pid, proc)
+        if now is not None and now.state != "Z" and now.start_ticks == known.start_ticks:
+            found.append(now)
+    return found
+
+
 def members(
     pgid: Optional[int], marker: Optional[bytes], proc: str = "/proc", since_ticks: Optional[int] = None
 ) -> List[ProcStat]:
@@ -215,13 +203,34 @@ def deliver(targets: Sequence[int], signum: int) -> None:
                 raise
 
 
+Extra = Callable[[], Sequence[ProcStat]]
+
+
+def _no_extra() -> Sequence[ProcStat]:
+    return ()
+
+
+def _present(pgid: Optional[int], marker: Optional[bytes], since: Optional[int], extra: Extra) -> List[ProcStat]:
+    """``members`` plus the live processes ``extra`` names (the tracker's, each checked against its start time)."""
+    found = members(pgid, marker, since_ticks=since)
+    seen = {p.pid for p in found}
+    found.extend(p for p in extra() if p.pid not in seen and p.pid != os.getpid())
+    return found
+
+
 def _wait_gone(
-    pgid: Optional[int], marker: Optional[bytes], until: float, reap: Callable[[], Any], since: Optional[int]
+    pgid: Optional[int],
+    marker: Optional[bytes],
+    until: float,
+    reap: Callable[[], Any],
+    since: Optional[int],
+    *,
+    extra: Extra = _no_extra,
 ) -> List[ProcStat]:
     fast_until = time.monotonic() + FAST_POLL_FOR_S
     while True:
         reap()
-        left = members(pgid, marker, since_ticks=since)
+        left = _present(pgid, marker, since, extra)
         now = time.monotonic()
         if not left or now >= until:
             return left
@@ -233,6 +242,13 @@ class StopReport:
     found: int  # processes that were there when the stop began
     killed: bool  # SIGKILL was needed
     left: int  # processes still there at the end (0: the group is gone)
+    procs: Tuple[ProcStat, ...] = ()  # those found
+    survivors: Tuple[ProcStat, ...] = ()  # those still there at the end
+
+    def leftovers(self) -> Tuple[Dict[str, Any], ...]:
+        """``{pid, name, stopped}`` per process found, for result.json."""
+        alive = {p.pid for p in self.survivors}
+        return tuple({"pid": p.pid, "name": p.comm, "stopped": p.pid not in alive} for p in self.procs)
 
 
 def stop_processes(
@@ -243,19 +259,21 @@ def stop_processes(
     *,
     kill_wait_s: float = KILL_WAIT_S,
     since_ticks: Optional[int] = None,
+    extra: Extra = _no_extra,
 ) -> StopReport:
-    """SIGTERM the group and the marked processes, SIGKILL after ``grace_s``, then wait up to ``kill_wait_s``."""
+    """SIGTERM the group, the marked processes and those ``extra`` names, SIGKILL after ``grace_s``, then wait up
+    to ``kill_wait_s``."""
     reap()
-    found = members(pgid, marker, since_ticks=since_ticks)
+    found = _present(pgid, marker, since_ticks, extra)
     if not found:
         return StopReport(0, False, 0)
     _send(pgid, found, signal.SIGTERM)
-    left = _wait_gone(pgid, marker, time.monotonic() + grace_s, reap, since_ticks)
+    left = _wait_gone(pgid, marker, time.monotonic() + grace_s, reap, since_ticks, extra=extra)
     if not left:
-        return StopReport(len(found), False, 0)
+        return StopReport(len(found), False, 0, tuple(found))
     _send(pgid, left, signal.SIGKILL)
-    left = _wait_gone(pgid, marker, time.monotonic() + kill_wait_s, reap, since_ticks)
-    return StopReport(len(found), True, len(left))
+    left = _wait_gone(pgid, marker, time.monotonic() + kill_wait_s, reap, since_ticks, extra=extra)
+    return StopReport(len(found), True, len(left), tuple(found), tuple(left))
 
 
 def build_env(
@@ -271,13 +289,6 @@ def build_env(
     for layer in (defaults, spec_env, secrets, runner_env):
         env.update(layer)
     return env
-
-
-def command_argv(command: Sequence[str], env_hook: Optional[str], conda_env: Optional[str]) -> List[str]:
-    """The argv to execute: the cell's own, or the fixed wrapper around it when a hook or conda env is asked for."""
-    if not env_hook and not conda_env:
-        return list(command)
-    return ["bash", "-c", ENV_WRAPPER, "rgt", env_hook or "", conda_env or "", "--", *command]
 
 
 def append_line(path: str, text: str) -> None:
@@ -324,6 +335,27 @@ class Attempt:
     timeout_s: Optional[float]
     grace_s: float
     marker: bytes  # MARKER_VARIABLE=<token>, in env
+    env_hook: Optional[str] = None  # the hook the wrapper sources, named in the reason when it fails
+    hook_status: Optional[str] = None  # the wrapper's status file (command_argv's hook_status)
+
+
+class Tracker(Protocol):
+    """What the runner knows of an attempt's processes beyond its group and marker (``_cell_tree``)."""
+
+    def spawning(self) -> ContextManager[Any]:
+        """Held while the command is spawned and :meth:`began` is called."""
+
+    def began(self, pid: int) -> None:
+        """The command runs as ``pid``."""
+
+    def ended(self) -> None:
+        """The command has ended: record what it left, before anything is stopped."""
+
+    def extra(self) -> Sequence[ProcStat]:
+        """The attempt's live processes outside its group and marker."""
+
+    def reap(self) -> None:
+        """Collect the exit status of those of them that ended as the runner's (adopted) children."""
 
 
 @dataclass(frozen=True)
@@ -335,10 +367,12 @@ class Outcome:
     started_at: float
     ended_at: float
     reason: Optional[str]  # None for a command that ended on its own
-    leftovers: int
+    leftovers: Tuple[Dict[str, Any], ...]  # {pid, name, stopped} per process still there when the command ended
     left: int
     pgid: Optional[int] = None  # the command's process group (its pid); None when it never started
     since_ticks: Optional[int] = None  # when the attempt began, in /proc start-time ticks
+    hook_failed: bool = False  # the env hook ended the wrapper: the command never started
+    survivors: Tuple[ProcStat, ...] = ()  # what outlived SIGKILL (checked again by start time while quarantined)
 
     @property
     def succeeded(self) -> bool:
@@ -346,6 +380,8 @@ class Outcome:
 
     def describe(self) -> str:
         """``exit status 1`` / ``ended by signal 9 (SIGKILL)``, and the reason when the runner stopped it."""
+        if self.hook_failed and self.reason:
+            return self.reason
         if self.signal is not None and self.exit_code is None:
             try:
                 name = signal.Signals(self.signal).name
@@ -367,15 +403,20 @@ def _status(returncode: Optional[int], sent: Optional[int]) -> Tuple[Optional[in
     return returncode, sent
 
 
-def run_attempt(attempt: Attempt, stop: threading.Event, on_start: Callable[[int], None]) -> Outcome:
+def run_attempt(
+    attempt: Attempt, stop: threading.Event, on_start: Callable[[int], None], tracker: Optional[Tracker] = None
+) -> Outcome:
     """Run one attempt to its end, stopping it on ``stop`` or its timeout, then clear what it left behind."""
     started, clock, since = time.time(), time.monotonic(), ticks_now()
-    try:
-        proc = spawn(attempt.argv, attempt.cwd, attempt.env, attempt.log_path)
-    except OSError as exc:
-        why = f"could not start: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
-        append_line(attempt.log_path, f"rgt: {why}")
-        return Outcome(EXIT_NOT_STARTED, None, started, time.time(), why, 0, 0)
+    with tracker.spawning() if tracker is not None else contextlib.nullcontext():
+        try:
+            proc = spawn(attempt.argv, attempt.cwd, attempt.env, attempt.log_path)
+        except OSError as exc:
+            why = f"could not start: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+            append_line(attempt.log_path, f"rgt: {why}")
+            return Outcome(EXIT_NOT_STARTED, None, started, time.time(), why, (), 0)
+        if tracker is not None:
+            tracker.began(proc.pid)
     on_start(proc.pid)
     deadline = clock + attempt.timeout_s if attempt.timeout_s else None  # monotonic: a clock step cannot fire it
     reason: Optional[str] = None
@@ -390,16 +431,36 @@ def run_attempt(attempt: Attempt, stop: threading.Event, on_start: Callable[[int
                 reason = f"timeout after {attempt.timeout_s:g} s"
             if reason:
                 break
+    extra, reap = (tracker.extra, tracker.reap) if tracker is not None else (_no_extra, _no_reap)
+    if tracker is not None:
+        tracker.ended()
+
+    def poll() -> None:
+        proc.poll()
+        reap()
+
     sent: Optional[int] = None
     if reason is not None:
         sent = signal.SIGTERM
-        stop_processes(proc.pid, attempt.marker, attempt.grace_s, proc.poll, since_ticks=since)
+        stop_processes(proc.pid, attempt.marker, attempt.grace_s, poll, since_ticks=since, extra=extra)
         try:
             returncode = proc.wait(timeout=KILL_WAIT_S)
         except subprocess.TimeoutExpired:
             returncode = None
     ended = time.time()
     exit_code, signum = _status(returncode, sent)
+    hook = hook_failure(attempt.hook_status, attempt.env_hook)
+    if hook is not None and reason is None:  # a stop while the hook ran is the stop's, not the hook's
+        append_line(attempt.log_path, f"rgt: {hook}")
+        exit_code, signum, reason = None, None, hook
     # Whatever the command left (workers in its group, daemons that left it): gone before the GPUs are handed on.
-    cleanup = stop_processes(proc.pid, attempt.marker, attempt.grace_s, proc.poll, since_ticks=since)
-    return Outcome(exit_code, signum, started, ended, reason, cleanup.found, cleanup.left, proc.pid, since)
+    cleanup = stop_processes(proc.pid, attempt.marker, attempt.grace_s, poll, since_ticks=since, extra=extra)
+    reap()
+    return Outcome(
+        exit_code, signum, started, ended, reason, cleanup.leftovers(), cleanup.left, proc.pid, since,
+        hook_failed=hook is not None and reason == hook, survivors=cleanup.survivors,
+    )  # fmt: skip
+
+
+def _no_reap() -> None:
+    return None

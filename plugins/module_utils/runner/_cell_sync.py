@@ -5,9 +5,10 @@
 The seed's silent-sync lesson: its ``cp ... && echo synced`` claimed success on a full durable disk. Here a file
 counts as synced only after its copy was written through a temporary file, fsynced, renamed, read back from the
 durable directory (with the page cache dropped where the kernel allows) and found equal in size and sha256 to
-the source; only then does its line go into ``MANIFEST.sha256``. Anything else is ``sync: failed`` with the
-reason. The scratch copy is never deleted (prune removes only what the run's patterns name, inside the cell's
-checkpoint directory).
+the source; only then does its line go into ``MANIFEST.sha256``. Then the run's checks of each copy
+(``_artifact_check.Verifier``: the user's loader, finite safetensors weights) must pass too. Anything else is
+``sync: failed`` with the reason. The scratch copy is never deleted (prune removes only what the run's patterns
+name, inside the cell's checkpoint directory: ``_cell_files``).
 
 A durable run directory belongs to one launch: ``.launch.json`` names it, written by the first sync of that launch
 and checked before every copy, so a manifest never mixes two launches of one run name (a relaunch after teardown,
@@ -18,11 +19,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import glob
 import hashlib
 import json
 import os
-import stat
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -34,8 +34,15 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs im
     LAUNCH_RECORD,
     MANIFEST_LOCK,
     MANIFEST_NAME,
+    NAME_PATTERN,
     durable_run_dir,
     write_json_atomic,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._artifact_check import Verifier
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_files import (
+    SyncError,
+    collect,
+    prune,
 )
 
 CHUNK_BYTES = 4 * 1024 * 1024
@@ -44,10 +51,14 @@ PROBE_TIMEOUT_S = 20.0
 # Hidden, as the lock is: teardown's gate counts only the visible files of a durable copy as results.
 MAX_LAUNCH_RECORD_BYTES = 64 * 1024
 _MANIFEST_LOCK = threading.Lock()  # flock orders processes; this orders the runner's own threads too
-
-
-class SyncError(Exception):
-    """Why a cell's artifacts are not safely in durable_dir."""
+# A copy in progress is ``.<name>.rgt-tmp-<hex>`` beside its destination: hidden (teardown counts only visible
+# files) and recognisable, so a runner killed mid-copy leaves nothing that the next start cannot clear.
+TEMP_MARK = ".rgt-tmp-"
+TEMP_NAME = re.compile(r"^\..+\.rgt-tmp-[0-9a-f]{8}$")
+# Also cleared: the copies of earlier versions (``.<name>.rgt-<hex>.tmp``), the launch record's temporary and the
+# manifest's of earlier versions (at the top of the durable run directory).
+OLD_TEMP_NAME = re.compile(r"^\..+\.rgt-[0-9a-f]{8}\.tmp$")
+TOP_TEMP_NAME = re.compile(r"^(MANIFEST\.sha256|\.\.launch\.json)\.[0-9a-f]{8}\.tmp$")
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,7 @@ class SyncOutcome:
     error: Optional[str] = None
     pruned: Tuple[str, ...] = ()
     prune_errors: Tuple[str, ...] = ()
+    verify: Tuple[Dict[str, Any], ...] = ()  # {path, ok, message} per artifact checked after its copy
 
     @property
     def total_bytes(self) -> int:
@@ -65,80 +77,12 @@ class SyncOutcome:
     def log_lines(self) -> List[str]:
         """What the cell's log says about it: a failed sync is loud there too, not only in result.json."""
         lines = list(self.prune_errors) + ([f"pruned {', '.join(self.pruned)}"] if self.pruned else [])
+        lines.extend(f"check {c['path']}: {'ok' if c['ok'] else 'FAILED'}: {c['message']}" for c in self.verify)
         if self.sync == "verified":
             lines.append(f"sync verified: {len(self.artifacts)} files, {self.total_bytes} bytes")
         elif self.sync == "failed":
             lines.append(f"SYNC FAILED: {self.error} (the scratch copy is kept)")
         return lines
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def _matches(base: str, pattern: str) -> List[str]:
-    return sorted(glob.glob(os.path.join(glob.escape(base), pattern), recursive=True))
-
-
-def prune(base: str, patterns: Sequence[str]) -> Tuple[List[str], List[str]]:
-    """Delete the files matching ``patterns`` under ``base``: (relative paths deleted, problems).
-
-    Only regular files and symbolic links (the link itself), only where the real directory holding them is inside
-    ``base``: a pattern can never reach out of the cell's directory, and never removes a directory.
-    """
-    real_base = os.path.realpath(base)
-    deleted: List[str] = []
-    problems: List[str] = []
-    for pattern in patterns:
-        for match in _matches(base, pattern):
-            try:
-                mode = os.lstat(match).st_mode
-            except OSError:
-                continue
-            if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-                continue
-            if not _inside(os.path.realpath(os.path.dirname(match)), real_base):
-                problems.append(f"prune {pattern!r}: {os.path.relpath(match, base)} is outside {base}, kept")
-                continue
-            try:
-                os.unlink(match)
-                deleted.append(os.path.relpath(match, base))
-            except OSError as exc:
-                problems.append(f"prune {os.path.relpath(match, base)}: {exc.strerror or exc}")
-    return deleted, problems
-
-
-def collect(base: str, patterns: Sequence[str]) -> List[Tuple[str, str]]:
-    """(path relative to ``base``, real source path) of every file the artifact patterns name.
-
-    A directory match brings its files. A pattern matching no file, or a file whose real path leaves ``base``,
-    is a SyncError: a declared artifact that is not there must never read as synced.
-    """
-    if not os.path.isdir(base):
-        raise SyncError(f"{base} is not a directory")
-    real_base = os.path.realpath(base)
-    found: Dict[str, str] = {}
-    for pattern in patterns:
-        files: List[str] = []
-        for match in _matches(base, pattern):
-            if os.path.isdir(match):
-                for root, dirs, names in os.walk(match):
-                    dirs.sort()
-                    files.extend(os.path.join(root, name) for name in sorted(names))
-            elif os.path.isfile(match):
-                files.append(match)
-        files = [path for path in files if os.path.isfile(path)]
-        if not files:
-            raise SyncError(f"artifact {pattern!r} matched no file in {base}")
-        for path in files:
-            relative = os.path.relpath(path, base)
-            real = os.path.realpath(path)
-            if not _inside(real, real_base):
-                raise SyncError(f"artifact {relative} leads outside {base}")
-            if "\n" in relative or "\r" in relative:
-                raise SyncError(f"artifact {relative!r}: a line break in a file name cannot go into the manifest")
-            found.setdefault(relative, real)
-    return sorted(found.items())
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -168,7 +112,7 @@ def hash_file(path: str, drop_cache: bool = False) -> Tuple[int, str]:
 def copy_verified(source: str, destination: str, stopped: Callable[[], bool]) -> Tuple[int, str]:
     """Copy through a temporary file (fsync, rename, fsync the directory), then re-read the copy and compare."""
     directory = os.path.dirname(destination)
-    temporary = os.path.join(directory, f".{os.path.basename(destination)}.rgt-{os.urandom(4).hex()}.tmp")
+    temporary = os.path.join(directory, f".{os.path.basename(destination)}{TEMP_MARK}{os.urandom(4).hex()}")
     digest = hashlib.sha256()
     size = 0
     with open(source, "rb") as reader:
@@ -280,7 +224,7 @@ def update_manifest(durable_run: str, cell: str, artifacts: Sequence[Dict[str, o
             kept = [line for line in _manifest_lines(manifest) if not line.split("  ", 2)[-1].startswith(prefix)]
             ours = [f"{a['sha256']}  {a['size']}  {prefix}{a['path']}" for a in artifacts]
             lines = sorted(kept + ours, key=lambda line: line.split("  ", 2)[-1])
-            temporary = f"{manifest}.{os.urandom(4).hex()}.tmp"
+            temporary = os.path.join(durable_run, f".{MANIFEST_NAME}{TEMP_MARK}{os.urandom(4).hex()}")
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
                 try:
@@ -323,6 +267,25 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _verify(
+    verifier: Verifier, root: str, artifacts: Sequence[Dict[str, object]], stopped: Callable[[], bool]
+) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+    """Each copy's checks (``{path, ok, message}``), and the first failure's one-line reason or None."""
+    checks: List[Dict[str, Any]] = []
+    for artifact in artifacts:
+        if stopped():
+            raise SyncError("run stopped during sync")
+        relative = str(artifact["path"])
+        check = verifier.check(relative, os.path.join(root, relative), stopped)
+        if check is not None:
+            checks.append(check)
+    failed = [check for check in checks if not check["ok"]]
+    reason = f"{failed[0]['path']}: {failed[0]['message']}" if failed else None
+    if len(failed) > 1:
+        reason = f"{reason} (and {len(failed) - 1} more artifact(s) failed their check)"
+    return checks, reason
+
+
 def sync_cell(
     base: str,
     *,
@@ -333,19 +296,26 @@ def sync_cell(
     cell: str,
     stopped: Callable[[], bool] = lambda: False,
     launch_id: Optional[str] = None,
+    optional_patterns: Sequence[str] = (),
+    verifier: Optional[Verifier] = None,
+    keep: Sequence[str] = (),
 ) -> SyncOutcome:
-    """Prune, then copy and verify the artifacts of a succeeded cell; never raises.
+    """Prune, then copy and verify the artifacts of a succeeded cell, then the ``verifier``'s checks on each copy;
+    never raises.
 
-    With ``launch_id``, the durable run directory is claimed for that launch first (:func:`claim_durable`).
+    With ``launch_id``, the durable run directory is claimed for that launch first (:func:`claim_durable`). The
+    manifest lists every faithful copy, even when a check then refuses it: it says what the durable copy holds,
+    and the result's ``sync: failed`` says the cell is not done. ``keep``: paths prune never removes.
     """
-    pruned, problems = prune(base, prune_patterns)
-    if not artifact_patterns:
+    pruned, problems = prune(base, prune_patterns, keep)
+    if not artifact_patterns and not optional_patterns:
         return SyncOutcome("skipped", pruned=tuple(pruned), prune_errors=tuple(problems))
     artifacts: List[Dict[str, object]] = []
+    checks: List[Dict[str, Any]] = []
     try:
         if durable_dir is None:
             raise SyncError("artifacts are declared but the run has no durable_dir")
-        files = collect(base, artifact_patterns)
+        files = collect(base, artifact_patterns, optional_patterns)
         _check_durable(durable_dir, sum(os.path.getsize(source) for _rel, source in files))
         durable_run = durable_run_dir(durable_dir, run)
         if launch_id is not None:
@@ -358,6 +328,45 @@ def sync_cell(
             size, sha256 = copy_verified(source, destination, stopped)
             artifacts.append({"path": relative, "size": size, "sha256": sha256})
         update_manifest(durable_run, cell, artifacts)
+        if verifier is not None:
+            checks, refused = _verify(verifier, destination_root, artifacts, stopped)
+            if refused is not None:
+                return SyncOutcome("failed", (), refused, tuple(pruned), tuple(problems), tuple(checks))
     except Exception as exc:  # every failure is recorded as sync failed, never raised past the cell
-        return SyncOutcome("failed", (), _reason(exc), tuple(pruned), tuple(problems))
-    return SyncOutcome("verified", tuple(artifacts), None, tuple(pruned), tuple(problems))
+        return SyncOutcome("failed", (), _reason(exc), tuple(pruned), tuple(problems), tuple(checks))
+    return SyncOutcome("verified", tuple(artifacts), None, tuple(pruned), tuple(problems), tuple(checks))
+
+
+def _is_temp(name: str, top: bool) -> bool:
+    return bool(TEMP_NAME.match(name) or OLD_TEMP_NAME.match(name) or (top and TOP_TEMP_NAME.match(name)))
+
+
+def clear_temp_copies(durable_run: str, cells: Sequence[str]) -> List[str]:
+    """Remove the temporary copies a killed sync left in ``durable_run``: under ``cells/<cell>/`` of the given
+    cells only (a shard on another box may be copying its own cells into a shared durable_dir right now), and the
+    manifest's at the top under its lock. Returns what was removed, relative to ``durable_run``."""
+    removed: List[str] = []
+    for cell in cells:
+        root = os.path.join(durable_run, "cells", cell)
+        if not NAME_PATTERN.match(cell) or not os.path.isdir(root) or os.path.islink(root):
+            continue
+        for directory, dirs, names in os.walk(root):  # never follows a link out of the copy
+            dirs.sort()
+            for name in sorted(names):
+                if _is_temp(name, top=False):
+                    os.unlink(os.path.join(directory, name))
+                    removed.append(os.path.relpath(os.path.join(directory, name), durable_run))
+    if not os.path.isdir(durable_run):
+        return removed
+    with _MANIFEST_LOCK:
+        lock_fd = os.open(os.path.join(durable_run, MANIFEST_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)  # no manifest is being written while its temporaries go
+            for name in sorted(os.listdir(durable_run)):
+                path = os.path.join(durable_run, name)
+                if _is_temp(name, top=True) and os.path.isfile(path) and not os.path.islink(path):
+                    os.unlink(path)
+                    removed.append(name)
+        finally:
+            os.close(lock_fd)
+    return removed

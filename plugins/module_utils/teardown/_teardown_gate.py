@@ -193,7 +193,9 @@ class Gate:
         return None, disk
 
     def check_cells(self, disk: OnDisk, spec: Optional[RunSpec]) -> Optional[str]:
-        declares_artifacts = bool(spec.artifacts) if spec is not None else True
+        # The done rule is per cell: a cell's own artifact lists replace the run's. Without a spec (or for a cell it
+        # does not name) the strict reading holds: sync must be verified.
+        declares = {cell.name: spec.declares_artifacts(cell) for cell in spec.cells} if spec is not None else {}
         names = [str(cell.get("name")) for cell in disk.record.get("cells") or [] if isinstance(cell, Mapping)]
         unknown = sorted(set(self.accepted) - set(names))
         if unknown:
@@ -208,7 +210,9 @@ class Gate:
                 data = read_json(result_json(self.data_dir, self.run, name))
                 if data is not None:
                     parsed = parse_result(data)
-                    entry.update(status=parsed.status, sync=parsed.sync, done=parsed.counts_as_done(declares_artifacts))
+                    entry.update(
+                        status=parsed.status, sync=parsed.sync, done=parsed.counts_as_done(declares.get(name, True))
+                    )
                     self.recorded[name] = parsed.artifacts
                     why = (
                         f"{parsed.status}, exit {parsed.exit_code}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -14,15 +15,14 @@ import pytest
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner import _cell_exec
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_exec import (
-    ENV_WRAPPER,
     Attempt,
     build_env,
-    command_argv,
     marker_entry,
     members,
     run_attempt,
     stop_processes,
 )
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._env_hook import ENV_WRAPPER, command_argv
 from ansible_collections.remote_gpu.trainer.tests.workload.harness import alive, records, train, wait_for
 
 PY = sys.executable
@@ -69,10 +69,12 @@ def test_own_process_group_inside_the_runners_session_stdin_empty_log_appended(t
 def test_what_the_command_leaves_behind_is_stopped_also_outside_its_group(tmp_path):
     record = tmp_path / "events.jsonl"
     outcome, _pids = run(tmp_path, train("--out", tmp_path, "--fork-children", 4, "--record", record))
-    assert outcome.exit_code == 0 and outcome.leftovers == 4 and outcome.left == 0
+    assert outcome.exit_code == 0 and outcome.left == 0
     exited = [e for e in records(record) if e["event"] == "child_exit"]
     assert len(exited) == 4  # every child (two of them setsid'd out of the group) got SIGTERM and ended
     assert not any(alive(e["pid"]) for e in exited)
+    assert sorted(item["pid"] for item in outcome.leftovers) == sorted(e["pid"] for e in exited)
+    assert all(item["stopped"] and item["name"] for item in outcome.leftovers)
 
 
 def test_a_timeout_stops_the_group_and_says_so(tmp_path):
@@ -131,12 +133,44 @@ def test_the_wrapper_is_a_constant_and_keeps_every_argument_and_the_exit_status(
     hook.write_text("export HOOKED=yes\nset -- clobbered\nshift\n")
     show = "import json, os, sys; print(json.dumps([os.environ['HOOKED']] + sys.argv[1:]))"
     argv = command_argv((PY, "-c", show), str(hook), None)
-    assert argv[:3] == ["bash", "-c", ENV_WRAPPER] and argv[3:7] == ["rgt", str(hook), "", "--"]
+    assert argv[:3] == ["bash", "-c", ENV_WRAPPER] and argv[3:8] == ["rgt", str(hook), "", "", "--"]
     tricky = ["a b", "$HOME", "'q'", "--", ""]
     done = subprocess.run([*argv, *tricky], capture_output=True, text=True, check=False)
     assert json.loads(done.stdout) == ["yes", *tricky]
     status = subprocess.run([*command_argv((PY, "-c", "raise SystemExit(3)"), str(hook), None)], check=False)
     assert status.returncode == 3  # exec: the status is the command's, not the wrapper's
+
+
+def hooked(tmp_path, text, argv):
+    hook = tmp_path / "network_turbo"
+    hook.write_text(text)
+    status = str(tmp_path / ".hook-status")
+    wrapped = command_argv(argv, str(hook), None, status)
+    spec = attempt(tmp_path, wrapped)
+    return run_attempt(dataclasses.replace(spec, env_hook=str(hook), hook_status=status), threading.Event(), [].append)
+
+
+@pytest.mark.parametrize("ending", ["exit 1", "exit 0"])
+def test_an_env_hook_that_exits_is_no_exit_of_the_command(tmp_path, ending):
+    ran = tmp_path / "ran"
+    outcome = hooked(tmp_path, f"echo turbo on\n{ending}\n", ["touch", str(ran)])
+    reason = f"env hook {tmp_path / 'network_turbo'} failed ({ending}): the command never started"
+    assert (outcome.exit_code, outcome.signal, outcome.reason, outcome.hook_failed) == (None, None, reason, True)
+    assert not outcome.succeeded and outcome.describe() == reason and not ran.exists()
+    assert not (tmp_path / ".hook-status").exists()  # read once: the next attempt starts clean
+    assert f"rgt: {reason}" in (tmp_path / "log").read_text()
+
+
+def test_an_env_hook_that_returns_non_zero_is_reported_and_the_command_runs_with_its_own_status(tmp_path):
+    outcome = hooked(tmp_path, "export TURBO=1\nreturn 1\n", ["bash", "-c", 'echo "turbo=$TURBO"; exit 3'])
+    assert (outcome.exit_code, outcome.reason, outcome.hook_failed) == (3, None, False)
+    log = (tmp_path / "log").read_text()
+    assert "returned 1, going on" in log and "turbo=1" in log
+
+
+def test_a_command_exiting_like_a_failed_hook_is_still_the_commands_exit(tmp_path):
+    outcome = hooked(tmp_path, "export TURBO=1\n", ["bash", "-c", "exit 1"])
+    assert (outcome.exit_code, outcome.reason, outcome.hook_failed) == (1, None, False)
 
 
 def test_the_wrapper_refuses_a_missing_hook_and_a_conda_env_it_cannot_activate(tmp_path):

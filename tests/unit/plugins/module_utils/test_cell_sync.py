@@ -68,7 +68,7 @@ def test_a_verified_sync_prunes_copies_checks_and_writes_the_manifest(cell, tmp_
         f"{sha(b'best' * 1000)}  4000  cells/a/best.pth",
         f"{sha(b'{}')}  2  cells/a/sub/metrics.json",
     ]
-    assert not [name for name in os.listdir(durable) if name.endswith(".tmp")]
+    assert not [name for name in os.listdir(durable) if name.endswith(".tmp") or _cell_sync.TEMP_MARK in name]
 
 
 def test_a_second_sync_of_a_cell_replaces_its_lines_and_keeps_the_others(cell, tmp_path):
@@ -194,13 +194,32 @@ def test_prune_removes_only_files_inside_the_cell_directory(tmp_path):
     (base / "escape").symlink_to(outside, target_is_directory=True)
     (base / "latest.pth").write_bytes(b"x")
     (base / "ckpt" / "latest.pth").write_bytes(b"x")
-    (base / "latest.pth.d").mkdir()
     deleted, problems = prune(str(base), ["latest.pth*", "**/latest.pth", "escape/latest.pth"])
     assert sorted(deleted) == ["ckpt/latest.pth", "latest.pth"]
-    assert (outside / "latest.pth").exists() and (base / "latest.pth.d").is_dir()
+    assert (outside / "latest.pth").exists()
     assert problems == [
         f"prune {p!r}: escape/latest.pth is outside {base}, kept" for p in ("**/latest.pth", "escape/latest.pth")
     ]
+
+
+def test_prune_removes_hf_checkpoint_directories_and_never_follows_a_link_out(tmp_path):
+    base = tmp_path / "cell"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "model.safetensors").write_bytes(b"not ours")
+    for step in (3, 6):
+        (base / f"checkpoint-{step}").mkdir(parents=True)
+        (base / f"checkpoint-{step}" / "optimizer.pt").write_bytes(b"o" * 100)
+    (base / "checkpoint-6" / "escape").symlink_to(outside, target_is_directory=True)  # inside a pruned tree
+    (base / "checkpoint-9").symlink_to(outside, target_is_directory=True)  # a link matching the pattern
+    (base / "model.safetensors").write_bytes(b"final")
+    (base / "log").write_text("the runner's own")
+    deleted, problems = prune(str(base), ["checkpoint-*/", "*.log", "lo*"], keep=[str(base / "log")])
+    assert (sorted(deleted), problems) == (["checkpoint-3/", "checkpoint-6/", "checkpoint-9"], [])  # a link: no /
+    assert sorted(p.name for p in base.iterdir()) == ["log", "model.safetensors"]
+    assert (outside / "model.safetensors").read_bytes() == b"not ours"  # the links went, never their target
+    assert prune(str(base), ["**"]) == (["log", "model.safetensors"], [])  # never the checkpoint dir itself
+    assert base.is_dir()
 
 
 def test_collect_refuses_an_artifact_leading_outside(tmp_path):
@@ -261,3 +280,81 @@ def test_files_from_before_launch_ids_are_adopted_by_the_launch_that_syncs_into_
     assert not (tmp_path / "durable" / "runs" / "sweep" / ".launch.json").exists()
     assert sync(cell, tmp_path, launch_id="L1").sync == "verified"
     assert json.loads((tmp_path / "durable" / "runs" / "sweep" / ".launch.json").read_text())["launch_id"] == "L1"
+
+
+def test_optional_patterns_may_match_nothing_and_still_verify(cell, tmp_path):
+    alone = sync(cell, tmp_path, artifacts=(), optional_patterns=("*.json", "best_metrics.*"))
+    assert (alone.sync, alone.error, alone.artifacts) == ("verified", None, ())  # declared, nothing there: verified
+    both = sync(cell, tmp_path, artifacts=("best.pth",), optional_patterns=("sub/*.json", "events.*"))
+    assert both.sync == "verified" and [a["path"] for a in both.artifacts] == ["best.pth", "sub/metrics.json"]
+    assert [line.split("  ")[2] for line in manifest(tmp_path)] == ["cells/a/best.pth", "cells/a/sub/metrics.json"]
+    missing = sync(cell, tmp_path, artifacts=("final.pt",), optional_patterns=("best.pth",))
+    assert (missing.sync, missing.error) == ("failed", f"artifact 'final.pt' matched no file in {cell}")
+
+
+class Refuse:
+    """A verifier that refuses one artifact by name, as a loader would."""
+
+    def __init__(self, bad):
+        self.bad, self.seen = bad, []
+
+    def check(self, relative, path, stopped):
+        self.seen.append(path)
+        ok = relative != self.bad
+        return {"path": relative, "ok": ok, "message": "loaded" if ok else "RuntimeError: truncated"}
+
+
+def test_an_artifact_its_check_refuses_fails_the_sync_with_the_checks_message(cell, tmp_path):
+    refuse = Refuse("best.pth")
+    outcome = sync(cell, tmp_path, artifacts=("best.pth", "sub"), verifier=refuse)
+    durable = tmp_path / "durable" / "runs" / "sweep" / "cells" / "a"
+    assert refuse.seen == [str(durable / "best.pth"), str(durable / "sub" / "metrics.json")]  # the copies
+    assert (outcome.sync, outcome.error, outcome.artifacts) == ("failed", "best.pth: RuntimeError: truncated", ())
+    assert [(c["path"], c["ok"]) for c in outcome.verify] == [("best.pth", False), ("sub/metrics.json", True)]
+    assert "check best.pth: FAILED: RuntimeError: truncated" in outcome.log_lines()
+    assert len(manifest(tmp_path)) == 2  # the copies are faithful: the manifest says what the durable copy holds
+    passed = sync(cell, tmp_path, artifacts=("best.pth",), verifier=Refuse("other"))
+    assert (passed.sync, passed.verify) == ("verified", ({"path": "best.pth", "ok": True, "message": "loaded"},))
+
+
+def test_leftover_temporary_copies_of_the_runs_cells_are_cleared(tmp_path):
+    durable_run = tmp_path / "durable" / "runs" / "sweep"
+    leftovers = [
+        "cells/a/.best.pth.rgt-tmp-0a1b2c3d",
+        "cells/a/sub/.model.safetensors.rgt-tmp-deadbeef",
+        "cells/b/.best.pth.rgt-1234abcd.tmp",  # an earlier version's name
+        ".MANIFEST.sha256.rgt-tmp-00ff00ff",
+        "MANIFEST.sha256.1234abcd.tmp",
+        "..launch.json.89abcdef.tmp",
+    ]
+    kept = [
+        "cells/a/best.pth",
+        "cells/a/.hidden-but-ours",
+        "cells/a/notes.rgt-tmp-0a1b2c3d",  # not hidden: an artifact's own name
+        "cells/other-shard/.best.pth.rgt-tmp-0a1b2c3d",  # another box's cell may be copying it now
+        "MANIFEST.sha256",
+        ".launch.json",
+    ]
+    for relative in leftovers + kept:
+        (durable_run / relative).parent.mkdir(parents=True, exist_ok=True)
+        (durable_run / relative).write_bytes(b"x")
+    removed = _cell_sync.clear_temp_copies(str(durable_run), ["a", "b", "never-synced"])
+    assert sorted(removed) == sorted(leftovers)
+    assert sorted(str(p.relative_to(durable_run)) for p in durable_run.rglob("*") if p.is_file()) == sorted(
+        [*kept, ".MANIFEST.sha256.lock"]
+    )
+    assert _cell_sync.clear_temp_copies(str(tmp_path / "nowhere"), ["a"]) == []
+
+
+def test_a_copy_in_progress_has_a_name_the_next_start_clears(cell, tmp_path, monkeypatch):
+    seen = []
+    real_replace = os.replace
+
+    def look(source, destination):
+        seen.append(os.path.basename(source))
+        return real_replace(source, destination)
+
+    monkeypatch.setattr(os, "replace", look)
+    assert sync(cell, tmp_path).sync == "verified"
+    assert _cell_sync.TEMP_NAME.match(seen[0]) and seen[0].startswith(".best.pth.rgt-tmp-")
+    assert _cell_sync.TEMP_NAME.match(seen[1]) and seen[1].startswith(".MANIFEST.sha256.rgt-tmp-")

@@ -357,3 +357,21 @@ def test_a_runner_refuses_a_durable_copy_of_another_launch_or_a_torn_down_run_be
     (tmp_path / "data" / "runs" / ".torn_down" / "sweep.json").write_text("{}")
     assert run(run_dir) == _runner.EXIT_REFUSED
     assert 'runner_refused why="run sweep was torn down' in (run_dir / "runner.log").read_text()
+
+
+def test_a_failing_env_hook_is_recorded_as_the_hook_and_retried_as_a_failure(tmp_path):
+    hook = tmp_path / "network_turbo"
+    hook.write_text('[ -e "$(dirname "${BASH_SOURCE[0]}")/proxy-up" ] || exit 1\nexport TURBO=1\n')
+    ran = tmp_path / "ran"
+    cells = [{"name": "a", "command": ["touch", str(ran)], "retries": 1}]
+    run_dir = make_run(tmp_path, cells, env_hook=str(hook))
+    assert run(run_dir) == 1
+    result = results(run_dir)["a"]
+    reason = f"env hook {hook} failed (exit 1): the command never started"
+    assert (result["status"], result["exit_code"], result["signal"]) == ("failed", None, None)
+    assert (result["reason"], result["hook_failed"], result["attempts"]) == (reason, True, 2)
+    assert not ran.exists()
+    assert f'cell_ended cell=a attempt=2/2 exit=- signal=- reason="{reason}"' in (run_dir / "runner.log").read_text()
+    (tmp_path / "proxy-up").write_text("")  # the proxy came back: the same cell runs, its status its own
+    assert run(run_dir) == 0
+    assert (results(run_dir)["a"]["hook_failed"], results(run_dir)["a"]["exit_code"]) == (False, 0) and ran.exists()

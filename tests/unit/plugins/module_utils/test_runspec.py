@@ -69,6 +69,25 @@ def test_to_json_round_trips_through_parse_spec():
         ({"env": {"BAD-NAME": "x"}}, "'BAD-NAME' is not an environment variable name"),
         ({"env": {"N": 1}}, "env.N must be a string"),
         ({"schema": 2}, "spec schema 2 is not 1"),
+        ({"cells": [{"name": "a", "command": ["x"], "artifacts": "best.pt"}]}, "cell a: artifacts must be a list"),
+        ({"cells": [{"name": "a", "command": ["x"], "prune": ["../up/"]}]}, "cell a: prune: '../up/' must stay inside"),
+        ({"cells": [{"name": "a", "command": ["x"], "optional_artifacts": [""]}]}, "cell a: optional_artifacts must"),
+        ({"optional_artifacts": ["/abs"]}, "optional_artifacts: '/abs' must stay inside"),
+        (
+            {
+                "durable_dir": None,
+                "cells": [
+                    {"name": "a", "command": ["x"]},
+                    {"name": "b", "command": ["y"], "optional_artifacts": ["*.json"]},
+                ],
+            },
+            r"artifacts are declared but durable_dir is not set \(cells b\)",
+        ),
+        ({"verify_cmd": "python load.py"}, "verify_cmd must be a non-empty list of strings"),
+        ({"verify_cmd": [""]}, "verify_cmd must be a non-empty list of strings"),
+        ({"verify_cmd": ["load", "a\0b"]}, "verify_cmd must not contain a NUL character"),
+        ({"verify_timeout_s": 0}, "verify_timeout_s must be a number of at least 1"),
+        ({"check_finite": "yes"}, "check_finite must be true or false, not 'yes'"),
     ],
 )
 def test_invalid_specs_are_refused_naming_the_field(overrides, message):
@@ -94,3 +113,62 @@ def test_an_oversized_spec_is_refused_before_it_is_parsed(tmp_path):
 
 def test_durable_paths_follow_the_contract():
     assert _runspec.manifest_path("/durable", "sweep") == os.path.join("/durable", "runs", "sweep", "MANIFEST.sha256")
+
+
+def test_a_cells_own_artifact_lists_replace_the_runs_even_when_empty():
+    cells = [
+        {"name": "plain", "command": ["x"]},
+        {"name": "hf", "command": ["y"], "artifacts": ["model.safetensors"], "prune": ["checkpoint-*/"]},
+        {"name": "none", "command": ["z"], "artifacts": [], "optional_artifacts": []},
+    ]
+    parsed = parse_spec(spec(cells=cells, artifacts=["best.pt"], optional_artifacts=["*.json"], prune=["last.pt"]))
+    plain, hf, none = parsed.cells
+    assert (parsed.artifacts_of(plain), parsed.optional_artifacts_of(plain), parsed.prune_of(plain)) == (
+        ("best.pt",),
+        ("*.json",),
+        ("last.pt",),
+    )
+    assert (parsed.artifacts_of(hf), parsed.optional_artifacts_of(hf), parsed.prune_of(hf)) == (
+        ("model.safetensors",),
+        ("*.json",),
+        ("checkpoint-*/",),
+    )
+    assert (parsed.artifacts_of(none), parsed.optional_artifacts_of(none), parsed.prune_of(none)) == (
+        (),
+        (),
+        ("last.pt",),
+    )
+    assert [parsed.declares_artifacts(cell) for cell in parsed.cells] == [True, True, False]
+    assert parse_spec(json.loads(json.dumps(parsed.to_json()))) == parsed  # None (the run's) and [] survive
+
+
+def test_verify_settings_default_off_and_round_trip():
+    parsed = parse_spec(spec())
+    assert (parsed.verify_cmd, parsed.verify_timeout_s, parsed.check_finite, parsed.optional_artifacts) == (
+        None,
+        300.0,
+        False,
+        (),
+    )
+    checked = parse_spec(spec(verify_cmd=["python3", "load.py", "{path}"], verify_timeout_s=20, check_finite=True))
+    assert (checked.verify_cmd, checked.verify_timeout_s, checked.check_finite) == (
+        ("python3", "load.py", "{path}"),
+        20.0,
+        True,
+    )
+    assert parse_spec(json.loads(json.dumps(checked.to_json()))) == checked
+
+
+def test_a_spec_json_from_before_per_cell_artifacts_still_loads(tmp_path):
+    old = {  # as the previous release wrote it: no per-cell lists, no verify keys
+        "schema": 1, "run": "sweep", "data_dir": "/data", "durable_dir": "/durable", "workdir": "/data/code",
+        "cells": [{"name": "a", "command": ["python", "t.py"], "timeout_s": None, "retries": 0,
+                   "checkpoint_dir": None}],
+        "env": {}, "env_hook": None, "conda_env": None, "gpus": [], "gpus_per_cell": None, "max_parallel": None,
+        "prune": ["latest.pth"], "artifacts": ["best.pth"], "stop_on_failure": False, "stop_grace_s": 30.0,
+        "monitor_interval_s": 30.0, "monitor_max_bytes": 8388608, "shard": None, "launch_id": None,
+    }  # fmt: skip
+    (tmp_path / "spec.json").write_text(json.dumps(old))
+    loaded = load_spec(str(tmp_path))
+    assert loaded.cells[0].artifacts is None and loaded.artifacts_of(loaded.cells[0]) == ("best.pth",)
+    assert (loaded.verify_cmd, loaded.check_finite) == (None, False)

@@ -288,3 +288,19 @@ def test_parse_manifest_rejects_paths_that_climb_and_malformed_lines():
     entries, bad = parse_manifest(text)
     assert entries == {"cells/a/x.pt": {"size": 12, "sha256": good}}
     assert len(bad) == 3
+
+
+def test_a_cell_that_declares_no_artifacts_of_its_own_passes_with_a_skipped_sync(tmp_path):
+    """The done rule is per cell: an eval cell with ``artifacts: []`` beside a run's list needs no durable file."""
+    cells = [
+        {"name": "a", "command": train("--ckpt-kib", "8")},
+        {"name": "eval", "command": train("--ckpt-kib", "8"), "artifacts": []},
+    ]
+    run_dir = make_run(tmp_path, cells, artifacts=["best.pth"])
+    assert start_runner(run_dir).wait(timeout=60) == 0
+    result = gate(tmp_path)
+    assert [(cell["name"], cell["sync"], cell["done"]) for cell in result["cells"]] == [
+        ("a", "verified", True),
+        ("eval", "skipped", True),
+    ]
+    assert (result["passed"], result["reason"]) == (True, "")

@@ -22,7 +22,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _run_detach, _training_run
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _relaunch, _run_detach, _training_run
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import tombstone_path
 from ansible_collections.remote_gpu.trainer.plugins.modules import training_run
 from ansible_collections.remote_gpu.trainer.tests.collection_path import collection_root
@@ -180,28 +180,201 @@ def test_a_different_live_run_is_refused_unless_allow_concurrent(box, run_module
     assert code == 0 and allowed["changed"] is True and allowed["state"] in ("running", "done")
 
 
-def test_a_dead_runner_is_resumed_and_the_done_cells_are_skipped(box, run_module):
-    cells = [cell("a"), cell("b", "--forever", "--step-s", "0.1")]
-    code, first = run_module(training_run, args_for(box, cells=cells))
-    assert code == 0
+def killed_with_b_training(box, run_module, cells, **extra: Any) -> Dict[str, Any]:
+    """r1 started; once a is done and b trains, its runner is killed: b trains on without it."""
+    code, first = run_module(training_run, args_for(box, cells=cells, **extra))
+    assert code == 0, first
     run_dir = box["data"] / "runs" / "r1"
     wait_for((run_dir / "cells" / "a" / "result.json").exists, what="cell a's result")
     wait_for(lambda: "epoch 1/inf" in log_of(run_dir, "b"), what="cell b's first epoch")
-    os.kill(first["pids"][0], signal.SIGKILL)  # the runner dies; cell b lives on, orphaned
+    os.kill(first["pids"][0], signal.SIGKILL)
     wait_for(lambda: not runners_of(run_dir), what="the runner's death")
+    return first
+
+
+def test_a_dead_runners_cell_still_training_is_refused_by_name_then_resumed_once_stopped(box, run_module):
+    stop = box["root"] / "stop-b"
+    cells = [cell("a"), cell("b", "--forever", "--step-s", "0.1", "--stop-file", str(stop))]
+    first = killed_with_b_training(box, run_module, cells)
+    run_dir = box["data"] / "runs" / "r1"
+    orphans = _relaunch.still_training("r1", str(run_dir))
+    assert list(orphans) == ["b"]
+    pids = ", ".join(str(pid) for pid in orphans["b"])
+    for check_mode in (True, False):
+        code, refused = run_module(training_run, args_for(box, cells=cells), check_mode=check_mode)
+        assert code == 1
+        assert refused["msg"] == (
+            f"run r1: cell b still trains (pid {pids}) without its runner: wait for it, or stop it with "
+            "training_run state=stopped"
+        )
+    assert _relaunch.still_training("r1", str(run_dir)) == orphans  # not stopped, not restarted
     code, dead = run_module(training_run, dict(args_for(box, cells=cells), state="stopped"), check_mode=True)
     assert (dead["changed"], dead["state"]) == (True, "stopped")
     assert dead["msg"] == "would stop 1 process(es) left by run r1, SIGKILL after 1 s"
-    # The relaunch (b now finishes) reruns only b; the new runner first stops the orphaned b.
-    code, resumed = run_module(training_run, args_for(box, cells=[cell("a"), cell("b")]))
+    code, stopped = run_module(training_run, dict(args_for(box, cells=cells), state="stopped"))
+    assert code == 0, stopped
+    code, resumed = run_module(training_run, args_for(box, cells=cells))
     assert code == 0, resumed
     assert (resumed["changed"], resumed["resumed"], resumed["skipped_cells"]) == (True, True, ["a"])
-    assert "resumed" in resumed["msg"] and "skipped (already done): a" in resumed["msg"]
+    facts = {key: resumed[key] for key in ("outcome", "cells_left", "recopy_cells", "kept_cells", "changes")}
+    assert facts == {"outcome": "resumed", "cells_left": 1, "recopy_cells": [], "kept_cells": ["a"], "changes": []}
+    assert resumed["msg"].startswith("run r1 resumed (setsid, pgid ")
+    assert resumed["msg"].endswith(": 1 cell(s) to run; kept (already done): a")
     assert resumed["pids"] != first["pids"]
-    assert resumed["cells"][0]["done"] is True
+    stop.touch()
     wait_for((run_dir / "DONE").exists, what="DONE")
-    assert (run_dir / "cells" / "a" / "log").read_text().count("attempt 1/1 starting") == 1
+    assert log_of(run_dir, "a").count("attempt 1/1 starting") == 1
     assert result_of(run_dir, "b")["status"] == "succeeded"
+
+
+def finished(box, run_module, cells, **extra: Any) -> Dict[str, Any]:
+    args = args_for(box, cells=cells, durable_dir=str(box["durable"]), artifacts=["best.pth"], **extra)
+    code, first = run_module(training_run, args)
+    assert code == 0, first
+    run_dir = box["data"] / "runs" / "r1"
+    wait_for((run_dir / "DONE").exists, what="DONE")
+    wait_for(lambda: not runners_of(run_dir), what="the runner's exit")
+    return args
+
+
+def run_cells(run_dir: Path) -> Dict[str, Dict[str, Any]]:
+    return {view["name"]: view for view in json.loads((run_dir / "run.json").read_text())["cells"]}
+
+
+def test_a_finished_run_relaunched_with_one_more_cell_is_refused_unless_applied(box, run_module):
+    args = finished(box, run_module, [cell("a"), cell("b")])
+    run_dir = box["data"] / "runs" / "r1"
+    code, same = run_module(training_run, args)
+    assert (code, same["changed"], same["state"], same["outcome"]) == (0, False, "done", "done")
+    assert (same["cells_left"], same["recopy_cells"], same["kept_cells"], same["changes"]) == (0, [], ["a", "b"], [])
+    kept = tree_digest(run_dir / "cells")
+    grown = dict(args, cells=[cell("a"), cell("b"), cell("c")])
+    for check_mode in (True, False):
+        code, refused = run_module(training_run, grown, check_mode=check_mode)
+        assert code == 1
+        assert refused["msg"] == (
+            "run r1 on this box has another spec: set launch_apply_changes: true (module: apply_changes) to run the "
+            "changed cells, or use a new run name; changes: cell c added"
+        )
+        assert refused["changes"] == ["cell c added"]
+    assert not (run_dir / "cells" / "c").exists() and (run_dir / "DONE").exists()
+    code, would = run_module(training_run, dict(grown, apply_changes=True), check_mode=True)
+    assert (code, would["outcome"], would["cells_left"], would["kept_cells"]) == (0, "resumed", 1, ["a", "b"])
+    code, applied = run_module(training_run, dict(grown, apply_changes=True))
+    assert code == 0, applied
+    assert (applied["outcome"], applied["changes"], applied["cells_left"]) == ("resumed", ["cell c added"], 1)
+    wait_for((run_dir / "DONE").exists, what="DONE with c")
+    wait_for(lambda: not runners_of(run_dir), what="the runner's exit")
+    assert result_of(run_dir, "c")["status"] == "succeeded"
+    assert {k: v for k, v in tree_digest(run_dir / "cells").items() if not k.startswith("c/")} == kept
+    views = run_cells(run_dir)
+    assert [views[name]["command"] for name in ("a", "b")] == [cell("a")["command"], cell("b")["command"]]
+    code, again = run_module(training_run, grown)
+    assert (code, again["outcome"], again["changed"], again["kept_cells"]) == (0, "done", False, ["a", "b", "c"])
+
+
+def test_a_resumed_run_keeps_the_argv_that_produced_a_kept_result(box, run_module):
+    stop = box["root"] / "stop-b"
+    cells = [cell("a"), cell("b", "--forever", "--step-s", "0.1", "--stop-file", str(stop))]
+    killed_with_b_training(box, run_module, cells)
+    code, stopped = run_module(training_run, dict(args_for(box, cells=cells), state="stopped"))
+    assert code == 0, stopped
+    run_dir = box["data"] / "runs" / "r1"
+    changed = [cell("a", "--epochs", "3"), cells[1]]
+    code, refused = run_module(training_run, args_for(box, cells=changed))
+    assert (code, refused["changes"]) == (1, ["cell a: command changed"])
+    code, applied = run_module(training_run, args_for(box, cells=changed, apply_changes=True))
+    assert code == 0, applied
+    assert (applied["outcome"], applied["kept_cells"], applied["cells_left"]) == ("resumed", ["a"], 1)
+    stop.touch()
+    wait_for((run_dir / "DONE").exists, what="DONE")
+    view = run_cells(run_dir)["a"]
+    assert (view["command"], view["command_now"]) == (cells[0]["command"], changed[0]["command"])
+    assert log_of(run_dir, "a").count("attempt 1/1 starting") == 1
+
+
+def test_a_run_whose_scratch_was_removed_by_hand_is_refused_over_its_durable_copy(box, run_module):
+    args = finished(box, run_module, [cell("a"), cell("b")])
+    shutil.rmtree(box["data"] / "runs" / "r1")  # no tombstone: the durable copy's launch record still says whose
+    durable = box["durable"] / "runs" / "r1"
+    before = tree_digest(durable)
+    code, refused = run_module(training_run, dict(args, cells=[cell("a"), cell("c")]))
+    assert code == 1 and refused["msg"].startswith(f"run r1: {durable} holds launch ")
+    assert "set launch_new_attempt: true" in refused["msg"]
+    assert tree_digest(durable) == before and not (box["data"] / "runs" / "r1").exists()
+    code, fresh = run_module(training_run, dict(args, cells=[cell("a"), cell("c")], new_attempt=True))
+    assert (code, fresh["outcome"], [m["to"] for m in fresh["archived"]]) == (0, "started", [f"{durable}@attempt-1"])
+    wait_for((box["data"] / "runs" / "r1" / "DONE").exists, what="the new attempt's DONE")
+    lines = (durable / "MANIFEST.sha256").read_text().splitlines()
+    assert [line.split("  ")[2] for line in lines] == ["cells/a/best.pth", "cells/c/best.pth"]
+
+
+def test_a_live_run_with_another_spec_is_refused_and_with_the_same_left_alone(box, run_module):
+    cells = [cell("a", "--forever", "--step-s", "0.1")]
+    code, first = run_module(training_run, args_for(box, cells=cells))
+    assert code == 0, first
+    for apply in (False, True):
+        code, refused = run_module(training_run, args_for(box, cells=[*cells, cell("c")], apply_changes=apply))
+        assert code == 1 and refused["changes"] == ["cell c added"]
+        assert refused["msg"].startswith("run r1 is running on this box with another spec: let it end or stop it")
+    code, same = run_module(training_run, args_for(box, cells=cells))
+    assert (code, same["changed"], same["outcome"], same["changes"], same["cells_left"]) == (
+        0,
+        False,
+        "already_running",
+        [],
+        1,
+    )
+
+
+def test_a_cell_whose_command_succeeded_but_copy_failed_is_recopied_not_retrained(box, run_module):
+    starts = box["root"] / "starts"
+    cells = [cell("a", "--starts-file", str(starts)), cell("b", "--starts-file", str(starts))]
+    synced = {"durable_dir": str(box["durable"])}
+    code, first = run_module(training_run, args_for(box, cells=cells, artifacts=["best.pt"], **synced))
+    assert code == 0, first
+    run_dir = box["data"] / "runs" / "r1"
+    wait_for(lambda: (run_dir / "cells" / "b" / "result.json").exists() and not runners_of(run_dir), what="the end")
+    assert result_of(run_dir, "a")["sync"] == "failed" and not (run_dir / "DONE").exists()  # best.pt: a typo
+    fixed = args_for(box, cells=cells, artifacts=["best.pth"], **synced)
+    code, refused = run_module(training_run, fixed)
+    assert (code, refused["changes"]) == (1, ["artifacts changed"])
+    code, would = run_module(training_run, dict(fixed, apply_changes=True), check_mode=True)
+    facts = {key: would[key] for key in ("outcome", "cells_left", "recopy_cells", "kept_cells")}
+    assert facts == {"outcome": "resumed", "cells_left": 0, "recopy_cells": ["a", "b"], "kept_cells": []}
+    assert "re-copies without training (command succeeded, copy not verified): a, b" in would["msg"]
+    code, applied = run_module(training_run, dict(fixed, apply_changes=True))
+    assert (code, applied["recopy_cells"], applied["cells_left"]) == (0, ["a", "b"], 0), applied
+    wait_for((run_dir / "DONE").exists, what="DONE after the re-copy")
+    assert [line.split()[1] for line in starts.read_text().splitlines()] == ["a", "b"]  # trained once each
+    assert (result_of(run_dir, "a")["sync"], result_of(run_dir, "a")["recopied"]) == ("verified", True)
+
+
+def test_a_relaunch_that_drops_a_synced_cell_is_refused_so_the_manifest_never_lists_it(box, run_module):
+    # Before: the resume ran [a, c] and MANIFEST.sha256 listed a, b and c, b from the earlier spec.
+    stop = box["root"] / "stop-c"
+    synced = {"durable_dir": str(box["durable"]), "artifacts": ["best.pth"]}
+    cells = [cell("a"), cell("b"), cell("c", "--forever", "--step-s", "0.1", "--stop-file", str(stop))]
+    code, first = run_module(training_run, args_for(box, cells=cells, **synced))
+    assert code == 0, first
+    run_dir = box["data"] / "runs" / "r1"
+    wait_for((run_dir / "cells" / "b" / "result.json").exists, what="cell b's result")
+    os.kill(first["pids"][0], signal.SIGKILL)
+    wait_for(lambda: not runners_of(run_dir), what="the runner's death")
+    code, stopped = run_module(training_run, dict(args_for(box, cells=cells, **synced), state="stopped"))
+    assert code == 0, stopped
+    manifest = box["durable"] / "runs" / "r1" / "MANIFEST.sha256"
+    before = manifest.read_text()
+    for apply in (False, True):
+        args = args_for(box, cells=[cell("a"), cells[2]], apply_changes=apply, **synced)
+        code, refused = run_module(training_run, args)
+        assert code == 1 and refused["changes"] == ["cell b removed"]
+    assert refused["msg"] == (
+        "run r1: cell b is not in this launch but succeeded, and the durable copy holds their files: keep them in "
+        "the sweep, or use a new run name"
+    )
+    time.sleep(0.3)
+    assert manifest.read_text() == before and not runners_of(run_dir)
 
 
 def test_stopped_kills_the_group_including_a_child_ignoring_sigterm(box, run_module):
@@ -262,7 +435,7 @@ def test_secrets_reach_only_the_job_and_the_0600_file(box, run_module):
         env={"WANDB_MODE": "online", "OMP_NUM_THREADS": 2},
     )
     code, result = run_module(training_run, args)
-    assert code == 0
+    assert code == 0, result["msg"]
     run_dir = box["data"] / "runs" / "sec"
     wait_for((run_dir / "DONE").exists, what="DONE")
     secrets_file = run_dir / ".secrets.json"
@@ -504,19 +677,20 @@ def test_a_durable_copy_of_another_launch_is_refused_and_a_box_of_the_same_launc
 
 
 def test_a_dead_run_resumes_under_its_own_launch_and_skips_its_done_cells(box, run_module):
-    cells = [cell("a"), cell("b", "--forever", "--step-s", "0.1")]
-    args = args_for(box, cells=cells, durable_dir=str(box["durable"]), artifacts=["best.pth"], launch_id="first-1")
-    code, first = run_module(training_run, args)
-    assert code == 0, first
+    stop = box["root"] / "stop-b"
+    cells = [cell("a"), cell("b", "--forever", "--step-s", "0.1", "--stop-file", str(stop))]
+    synced = {"durable_dir": str(box["durable"]), "artifacts": ["best.pth"], "launch_id": "first-1"}
+    args = args_for(box, cells=cells, **synced)
+    killed_with_b_training(box, run_module, cells, **synced)
     run_dir = box["data"] / "runs" / "r1"
-    wait_for((run_dir / "cells" / "a" / "result.json").exists, what="cell a's result")
     synced_a = tree_digest(box["durable"] / "runs" / "r1" / "cells" / "a")
-    os.kill(first["pids"][0], signal.SIGKILL)
-    wait_for(lambda: not runners_of(run_dir), what="the runner's death")
+    code, stopped = run_module(training_run, dict(args, state="stopped"))
+    assert code == 0, stopped
     # The next playbook run brings a new id: the box's run.json says which launch this is.
-    code, resumed = run_module(training_run, dict(args, cells=[cell("a"), cell("b")], launch_id="second-2"))
+    code, resumed = run_module(training_run, dict(args, launch_id="second-2"))
     assert code == 0, resumed
     assert (resumed["resumed"], resumed["skipped_cells"], resumed["launch_id"]) == (True, ["a"], "first-1")
+    stop.touch()
     wait_for((run_dir / "DONE").exists, what="DONE")
     assert tree_digest(box["durable"] / "runs" / "r1" / "cells" / "a") == synced_a
     assert json.loads((box["durable"] / "runs" / "r1" / ".launch.json").read_text())["launch_id"] == "first-1"

@@ -1,0 +1,204 @@
+"""A relaunch of a run the box holds: the spec's differences, the outcome, and a dead runner's cells still training."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import pytest
+
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch._relaunch import (
+    RelaunchRefused,
+    decide,
+    refuse_orphans,
+    spec_changes,
+    still_training,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runspec import RunSpec, parse_spec
+
+STAMP = "2026-12-04T10:00:00Z"
+
+
+def document(tmp_path: Path, cells=None, **extra: Any) -> Dict[str, Any]:
+    base = {
+        "run": "r1",
+        "data_dir": str(tmp_path / "data"),
+        "durable_dir": str(tmp_path / "durable"),
+        "workdir": str(tmp_path),
+        "cells": cells if cells is not None else [{"name": "a", "command": ["train", "a"]}],
+        "artifacts": ["best.pth"],
+        "gpus": [0, 1],
+        "launch_id": "L1",
+    }
+    return dict(base, **extra)
+
+
+def spec_of(tmp_path: Path, cells=None, **extra: Any) -> RunSpec:
+    return parse_spec(document(tmp_path, cells, **extra))
+
+
+def write_cell(tmp_path: Path, cell: str, exit_status: Optional[str], sync: Optional[str]) -> None:
+    """A cell's files as the runner leaves them: exit.json when its command ended, result.json once synced."""
+    directory = tmp_path / "data" / "runs" / "r1" / "cells" / cell
+    directory.mkdir(parents=True, exist_ok=True)
+    code = 0 if exit_status == "succeeded" else 1
+    if exit_status is not None:
+        ended = {"schema": 1, "cell": cell, "status": exit_status, "exit_code": code, "signal": None}
+        ended.update(started_at=STAMP, ended_at=STAMP, attempts=1, reason=None, command=["train", cell])
+        (directory / "exit.json").write_text(json.dumps(dict(ended, checkpoint_dir=str(directory))))
+    if sync is not None:
+        result = {"status": exit_status, "exit_code": code, "signal": None, "started_at": STAMP, "ended_at": STAMP}
+        (directory / "result.json").write_text(json.dumps(dict(result, sync=sync, artifacts=[])))
+
+
+def test_an_identical_spec_has_no_changes_whatever_its_launch_id_and_gpu_order(tmp_path):
+    old = document(tmp_path)
+    assert spec_changes(old, dict(old, launch_id="L2", gpus=[1, 0], monitor_interval_s=5)) == []
+    # A spec.json written before the run-wide optional lists existed: absent is the default.
+    assert spec_changes(old, dict(old, optional_artifacts=[], verify_timeout_s=300, check_finite=False)) == []
+    # A cell that now names the run's own list explicitly copies the same files.
+    same = [{"name": "a", "command": ["train", "a"], "artifacts": ["best.pth"]}]
+    assert spec_changes(old, document(tmp_path, same)) == []
+
+
+def test_every_difference_is_named_once(tmp_path):
+    old = document(tmp_path, [{"name": "a", "command": ["train", "a"]}, {"name": "b", "command": ["train", "b"]}])
+    cells = [
+        {"name": "a", "command": ["train", "a", "--lr", "3"], "artifacts": ["model.safetensors"], "retries": 2},
+        {"name": "c", "command": ["train", "c"]},
+    ]
+    new = document(tmp_path, cells, prune=["latest.pth"], env={"SEED": "1"}, verify_cmd=["python", "load.py"])
+    assert spec_changes(old, new) == [
+        "prune changed",
+        "verify_cmd changed",
+        "env changed",
+        "cell a: command, retries, artifacts changed",
+        "cell c added",
+        "cell b removed",
+    ]
+    # The run's list changed: cells that inherit it are not named again.
+    assert spec_changes(old, dict(old, artifacts=["last.pt"])) == ["artifacts changed"]
+
+
+def test_a_first_launch_starts_every_cell(tmp_path):
+    relaunch = decide(spec_of(tmp_path), None, has_scratch=False, live=False, done=False, apply=False)
+    assert relaunch.as_facts() == {
+        "outcome": "started",
+        "changes": [],
+        "cells_left": 1,
+        "recopy_cells": [],
+        "kept_cells": [],
+    }
+
+
+def test_the_same_spec_is_done_when_done_and_already_running_when_live(tmp_path):
+    spec = spec_of(tmp_path)
+    write_cell(tmp_path, "a", "succeeded", "verified")
+    done = decide(spec, spec.to_json(), has_scratch=True, live=False, done=True, apply=False)
+    assert (done.outcome, done.changes, done.cells.kept, done.cells.left) == ("done", (), ("a",), ())
+    live = decide(spec, spec.to_json(), has_scratch=True, live=True, done=False, apply=False)
+    assert live.outcome == "already_running"
+
+
+def test_a_changed_spec_is_refused_naming_the_differences_unless_applied(tmp_path):
+    old = spec_of(tmp_path)
+    write_cell(tmp_path, "a", "succeeded", "verified")
+    new = spec_of(tmp_path, [{"name": "a", "command": ["train", "a"]}, {"name": "c", "command": ["train", "c"]}])
+    for live, done in ((False, True), (False, False), (True, False)):
+        with pytest.raises(RelaunchRefused) as refused:
+            decide(new, old.to_json(), has_scratch=True, live=live, done=done, apply=False)
+        assert refused.value.changes == ("cell c added",)
+        assert str(refused.value).endswith("; changes: cell c added") and "\n" not in str(refused.value)
+        if not live:
+            assert str(refused.value) == (
+                "run r1 on this box has another spec: set launch_apply_changes: true (module: apply_changes) to run "
+                "the changed cells, or use a new run name; changes: cell c added"
+            )
+    applied = decide(new, old.to_json(), has_scratch=True, live=False, done=True, apply=True)
+    assert applied.as_facts() == {
+        "outcome": "resumed",
+        "changes": ["cell c added"],
+        "cells_left": 1,
+        "recopy_cells": [],
+        "kept_cells": ["a"],
+    }
+
+
+def test_a_live_run_is_never_changed_even_with_apply_changes(tmp_path):
+    old = spec_of(tmp_path)
+    with pytest.raises(RelaunchRefused) as refused:
+        decide(spec_of(tmp_path, env={"X": "1"}), old.to_json(), has_scratch=True, live=True, done=False, apply=True)
+    assert str(refused.value).startswith("run r1 is running on this box with another spec: let it end or stop it")
+
+
+def test_a_succeeded_command_whose_copy_failed_is_recopied_not_retrained(tmp_path):
+    cells = [{"name": n, "command": ["train", n]} for n in ("a", "b", "c", "d")]
+    spec = spec_of(tmp_path, cells)
+    write_cell(tmp_path, "a", "succeeded", "verified")
+    write_cell(tmp_path, "b", "succeeded", "failed")  # its artifact glob matched nothing
+    write_cell(tmp_path, "c", "succeeded", None)  # the runner was killed during the copy
+    write_cell(tmp_path, "d", "failed", "skipped")
+    relaunch = decide(spec, spec.to_json(), has_scratch=True, live=False, done=False, apply=False)
+    assert relaunch.as_facts() == {
+        "outcome": "resumed",
+        "changes": [],
+        "cells_left": 1,
+        "recopy_cells": ["b", "c"],
+        "kept_cells": ["a"],
+    }
+
+
+def test_a_cell_without_artifacts_of_its_own_is_done_by_a_skipped_sync(tmp_path):
+    cells = [{"name": "a", "command": ["train", "a"], "artifacts": []}, {"name": "b", "command": ["train", "b"]}]
+    spec = spec_of(tmp_path, cells)
+    write_cell(tmp_path, "a", "succeeded", "skipped")
+    write_cell(tmp_path, "b", "succeeded", "skipped")  # b inherits the run's artifacts: skipped is not done
+    relaunch = decide(spec, spec.to_json(), has_scratch=True, live=False, done=False, apply=False)
+    assert (relaunch.cells.kept, relaunch.cells.recopy) == (("a",), ("b",))
+
+
+def test_removing_a_cell_whose_command_succeeded_is_refused_even_with_apply_changes(tmp_path):
+    old = spec_of(tmp_path, [{"name": "a", "command": ["train", "a"]}, {"name": "b", "command": ["train", "b"]}])
+    write_cell(tmp_path, "a", "succeeded", "verified")
+    write_cell(tmp_path, "b", "succeeded", "failed")
+    new = spec_of(tmp_path, [{"name": "a", "command": ["train", "a"]}])
+    with pytest.raises(RelaunchRefused) as refused:
+        decide(new, old.to_json(), has_scratch=True, live=False, done=False, apply=True)
+    assert str(refused.value) == (
+        "run r1: cell b is not in this launch but succeeded, and the durable copy holds their files: keep them in "
+        "the sweep, or use a new run name"
+    )
+    write_cell(tmp_path, "b", "failed", "skipped")  # a failed cell copied nothing: it may go
+    relaunch = decide(new, old.to_json(), has_scratch=True, live=False, done=False, apply=True)
+    assert (relaunch.outcome, relaunch.changes) == ("resumed", ("cell b removed",))
+
+
+@pytest.fixture
+def orphan(tmp_path):
+    """A process of run r1's cell b, carrying the run's marker, whose runner is gone."""
+    run_dir = str(tmp_path / "data" / "runs" / "r1")
+    env = dict(os.environ, RGT_RUN_DIR=run_dir, RGT_CELL="b")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    deadline = time.monotonic() + 10
+    while not still_training("r1", run_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield run_dir, child.pid
+    child.kill()
+    child.wait()
+
+
+def test_a_dead_runners_cell_still_training_is_named_with_its_pid(orphan):
+    run_dir, pid = orphan
+    assert still_training("r1", run_dir) == {"b": [pid]}
+    with pytest.raises(RelaunchRefused) as refused:
+        refuse_orphans("r1", run_dir)
+    assert str(refused.value) == (
+        f"run r1: cell b still trains (pid {pid}) without its runner: wait for it, or stop it with training_run "
+        "state=stopped"
+    )
+    refuse_orphans("r2", run_dir.replace("/r1", "/r2"))  # another run's marker: nothing of r2 runs
