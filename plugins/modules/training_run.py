@@ -32,12 +32,13 @@ description:
   - B(A changed sweep.) On a box holding the run, this launch's spec is compared with the run's C(spec.json) (cells
     added or removed, a cell's C(command), C(checkpoint_dir), C(artifacts), C(optional_artifacts), C(prune),
     C(retries) or C(timeout_s), and the run's O(durable_dir), O(artifacts), O(optional_artifacts), O(prune),
-    O(verify_cmd), O(verify_timeout_s), O(check_finite), O(env), O(env_hook), O(conda_env), O(gpus_per_cell),
-    O(max_parallel) and O(stop_on_failure); not O(launch_id), O(gpus) or the monitor's settings). Any difference
-    fails the start, in check mode too, naming them (RV(changes)), unless O(apply_changes); a live run with another
-    spec is refused even then (stop it first). With O(apply_changes) the done cells keep their results (their
-    C(run.json) entry keeps the argv that produced them), the others follow the new spec; removing a cell whose
-    command succeeded is refused even then (its files are in the durable copy; use a new run name).
+    O(verify_cmd), O(verify_artifacts), O(verify_timeout_s), O(check_finite), O(env), O(env_hook), O(conda_env),
+    O(gpus_per_cell), O(max_parallel) and O(stop_on_failure); not O(launch_id), O(gpus) or the monitor's
+    settings). Any difference fails the start, in check mode too, naming them (RV(changes)), unless
+    O(apply_changes); a live run with another spec is refused even then (stop it first). With O(apply_changes) the
+    done cells keep their results (their C(run.json) entry keeps the argv that produced them), the others follow
+    the new spec; removing a cell whose command succeeded is refused even then (its files are in the durable copy;
+    use a new run name).
   - B(A dead runner's cells.) Processes carrying C(RGT_RUN_DIR=<run_dir>) while the run has no live runner (the
     runner was killed, its cells train on) refuse the start, naming each cell (C(RGT_CELL)) and its pids; wait for
     them, or stop them with O(state=stopped). A new runner never kills and restarts them behind the user's back.
@@ -188,6 +189,15 @@ options:
         A failure (or a run past O(verify_timeout_s)) makes the cell's sync C(failed) with the loader's message.
     type: list
     elements: str
+  verify_artifacts:
+    description:
+      - Which artifacts O(verify_cmd) runs on, as fnmatch patterns over each artifact's path relative to the cell's
+        checkpoint directory (C(*) matches C(/) too; C(**/) may also match no directory), for example C(["*.pt"])
+        so that a checkpoint loader never runs on C(config.json). Empty means every artifact. Needs O(verify_cmd);
+        O(check_finite) still checks every C(*.safetensors) artifact.
+    type: list
+    elements: str
+    default: []
   verify_timeout_s:
     description: Seconds each O(verify_cmd) may run, between 1 and 86400.
     type: float
@@ -322,6 +332,7 @@ EXAMPLES = r"""
         prune: [checkpoint-*/]
     artifacts: [best.pth]
     verify_cmd: [python, -m, src.load_check, "{path}"]
+    verify_artifacts: ["*.pth", "*.safetensors"]  # the loader never opens config.json
     check_finite: true
     apply_changes: true
 
@@ -483,6 +494,7 @@ ARGUMENT_SPEC = {
     "artifacts": {"type": "list", "elements": "str", "default": []},
     "optional_artifacts": {"type": "list", "elements": "str", "default": []},
     "verify_cmd": {"type": "list", "elements": "str"},
+    "verify_artifacts": {"type": "list", "elements": "str", "default": []},
     "verify_timeout_s": {"type": "float", "default": 300.0},
     "check_finite": {"type": "bool", "default": False},
     "stop_on_failure": {"type": "bool", "default": False},

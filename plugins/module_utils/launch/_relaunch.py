@@ -48,8 +48,8 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runspec
 # Run-wide keys whose change changes what the cells do or keep (not launch_id, the GPUs nvidia-smi lists, the
 # monitor's pace or the stop grace).
 RUN_KEYS = (
-    "durable_dir", "artifacts", "optional_artifacts", "prune", "verify_cmd", "verify_timeout_s", "check_finite",
-    "env", "env_hook", "conda_env", "gpus_per_cell", "max_parallel", "stop_on_failure",
+    "durable_dir", "artifacts", "optional_artifacts", "prune", "verify_cmd", "verify_artifacts", "verify_timeout_s",
+    "check_finite", "env", "env_hook", "conda_env", "gpus_per_cell", "max_parallel", "stop_on_failure",
 )  # fmt: skip
 CELL_KEYS = ("command", "checkpoint_dir", "retries", "timeout_s")
 INHERITED_KEYS = ("artifacts", "optional_artifacts", "prune")  # a cell's own list, else the run's

@@ -29,7 +29,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import Run
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runspec import runner_dir
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.procs._proctree import Proc, run_is_live
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_exec import ProcStat, read_stat
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._procfs import ProcStat, read_stat
 
 PACKAGE = "ansible_collections.remote_gpu.trainer.plugins.module_utils"
 TMUX_PREFIX = "rgt-"

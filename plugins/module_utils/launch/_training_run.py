@@ -71,8 +71,8 @@ POLL_S = 0.05
 # The keys spec.json takes from the module's options as they are.
 SPEC_OPTIONS = (
     "run", "data_dir", "durable_dir", "workdir", "env_hook", "conda_env", "gpus_per_cell", "max_parallel", "prune",
-    "artifacts", "optional_artifacts", "verify_cmd", "verify_timeout_s", "check_finite", "stop_on_failure",
-    "stop_grace_s", "monitor_interval_s", "monitor_max_bytes", "shard", "launch_id",
+    "artifacts", "optional_artifacts", "verify_cmd", "verify_artifacts", "verify_timeout_s", "check_finite",
+    "stop_on_failure", "stop_grace_s", "monitor_interval_s", "monitor_max_bytes", "shard", "launch_id",
 )  # fmt: skip
 
 

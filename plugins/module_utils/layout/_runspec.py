@@ -76,6 +76,9 @@ class RunSpec:
     # Run on each copied artifact (argv; "{path}" replaced by the copy's path, else the path is appended).
     verify_cmd: Optional[Tuple[str, ...]] = None
     verify_timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S
+    # Which artifacts verify_cmd runs on: fnmatch globs over the path relative to the checkpoint directory ("*"
+    # matches "/" too, "**/" also none); empty: every artifact. A loader of checkpoints cannot take config.json.
+    verify_artifacts: Tuple[str, ...] = ()
     check_finite: bool = False  # every *.safetensors artifact's float tensors must hold no NaN or Inf
     stop_on_failure: bool = False
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
@@ -259,6 +262,7 @@ def parse_spec(data: Any) -> RunSpec:
         verify_cmd=_argv(data.get("verify_cmd"), "verify_cmd"),
         verify_timeout_s=_number(data.get("verify_timeout_s", DEFAULT_VERIFY_TIMEOUT_S), "verify_timeout_s", 1)
         or DEFAULT_VERIFY_TIMEOUT_S,
+        verify_artifacts=_relative_globs(data.get("verify_artifacts") or [], "verify_artifacts"),
         check_finite=_flag(data.get("check_finite", False), "check_finite"),
         stop_on_failure=bool(data.get("stop_on_failure", False)),
         stop_grace_s=_number(data.get("stop_grace_s", DEFAULT_STOP_GRACE_S), "stop_grace_s", 0) or 0.0,
@@ -276,6 +280,10 @@ def parse_spec(data: Any) -> RunSpec:
             spec.gpus_per_cell <= len(spec.gpus),
             f"gpus_per_cell {spec.gpus_per_cell} is more than the box's {len(spec.gpus)} GPUs",
         )
+    _require(
+        not spec.verify_artifacts or spec.verify_cmd is not None,
+        "verify_artifacts chooses the artifacts verify_cmd runs on, but verify_cmd is not set",
+    )
     declaring = [cell.name for cell in spec.cells if spec.declares_artifacts(cell)]
     _require(
         not declaring or spec.durable_dir is not None,

@@ -8,6 +8,9 @@ After an artifact's copy in durable_dir was verified byte for byte, the run may 
   absolute path, else the path is appended), under the same rules as teardown's load check
   (``teardown/_load_verify.run_check``: no shell, its own session, killed as a group on timeout, output tail kept).
   A non-zero exit, a signal or a timeout is a failure whose message ends with the loader's own last lines.
+  ``verify_artifacts`` chooses the artifacts it runs on (a checkpoint loader cannot take ``config.json``), with
+  teardown's ``load_verify_artifacts`` matching: fnmatch over the path relative to the checkpoint directory, ``*``
+  matching ``/`` too; ``**/`` also matches no directory, as in the artifact globs. Empty: every artifact.
 - ``check_finite``: every F16 / BF16 / F32 / F64 tensor of a ``*.safetensors`` file holds no NaN or Inf. The file is
   read in bounded chunks; a header that lies (bad JSON, offsets past the end, a size that does not fit the shape)
   is a failure too, since no loader would take it.
@@ -17,6 +20,8 @@ Pure standard library (Python 3.8+).
 
 from __future__ import annotations
 
+import fnmatch
+import itertools
 import json
 import math
 import os
@@ -166,6 +171,22 @@ def check_finite(path: str, stopped: Callable[[], bool] = lambda: False) -> Tupl
     return True, f"{floats} float tensor(s) finite"
 
 
+def _variants(pattern: str) -> List[str]:
+    """The pattern with each ``**/`` kept or dropped: ``**/*.pt`` also names ``best.pt`` at the top."""
+    pieces = pattern.split("**/")
+    if len(pieces) == 1 or len(pieces) > 5:  # more than four "**/" in one glob: no variants, as written
+        return [pattern]
+    joins = itertools.product(("**/", ""), repeat=len(pieces) - 1)
+    return ["".join(p + j for p, j in zip(pieces, (*join, ""))) for join in joins]
+
+
+def chosen(relative: str, patterns: Sequence[str]) -> bool:
+    """``relative`` (an artifact's path under the checkpoint directory) is one of ``patterns``; all when empty."""
+    if not patterns:
+        return True
+    return any(fnmatch.fnmatchcase(relative, variant) for pattern in patterns for variant in _variants(pattern))
+
+
 def command_for(template: Sequence[str], path: str) -> List[str]:
     """The verify argv for one artifact: ``{path}`` replaced where it appears, else the path appended."""
     if any(PATH_FIELD in part for part in template):
@@ -191,11 +212,13 @@ def run_verify_cmd(template: Sequence[str], path: str, timeout_s: float) -> Tupl
 
 @dataclass(frozen=True)
 class Verifier:
-    """What a run asks of each copied artifact (RunSpec ``verify_cmd``, ``verify_timeout_s``, ``check_finite``)."""
+    """What a run asks of each copied artifact (RunSpec ``verify_cmd``, ``verify_timeout_s``, ``check_finite``,
+    ``verify_artifacts``: the artifacts ``verify_cmd`` runs on; the finite check is on every safetensors file)."""
 
     command: Optional[Tuple[str, ...]] = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     check_finite: bool = False
+    artifacts: Tuple[str, ...] = ()
 
     def check(self, relative: str, path: str, stopped: Callable[[], bool] = lambda: False) -> Optional[Dict[str, Any]]:
         """``{path: relative, ok, message}`` for the copy at ``path``; None when nothing applies to it."""
@@ -205,7 +228,7 @@ class Verifier:
             if not ok:
                 return {"path": relative, "ok": False, "message": message}
             said.append(message)
-        if self.command:
+        if self.command and chosen(relative, self.artifacts):
             ok, message = run_verify_cmd(self.command, path, self.timeout_s)
             if not ok:
                 return {"path": relative, "ok": False, "message": message}

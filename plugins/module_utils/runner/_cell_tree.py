@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Set
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_exec import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._procfs import (
     ProcStat,
     list_procs,
     read_stat,

@@ -27,7 +27,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs im
     parse_run,
     runs_root,
 )
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_exec import CLOCK_TICKS, read_stat
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._procfs import CLOCK_TICKS, read_stat
 
 CLAIMS_LOCK = ".gpu-claims.lock"
 LAUNCHER_BIRTH_SLACK_S = 120.0  # as _proctree: the runner starts a moment before it writes started_at

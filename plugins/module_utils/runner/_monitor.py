@@ -35,13 +35,13 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.box._cgroup imp
     parse_proc_cgroup,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.box._disk import probe_usage
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_exec import (
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_exec import utc_iso
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._procfs import (
     CLOCK_TICKS,
     ProcStat,
     environ_has,
     list_procs,
     own_ids,
-    utc_iso,
 )
 
 DISK_TIMEOUT_S = 5.0

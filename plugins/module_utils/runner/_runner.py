@@ -9,9 +9,9 @@ succeeded and its sync verified. What it guarantees:
 
 - One runner per run (an flock on ``<run>/.runner.lock``), and no cell left running by an earlier, dead runner of
   the same run (processes carrying the run's marker are stopped first): never two copies of one cell.
-- Resume: a cell whose result says succeeded and verified (or skipped, without artifacts) is skipped; a cell whose
-  command succeeded (``exit.json``, written before its sync) but whose result is not done is only copied again,
-  never retrained; the rest run. Temporary copies a killed sync left in the durable copy are cleared first.
+- Resume: done cells are skipped, a cell whose command succeeded but whose copy did not is only copied again
+  (``_cell_run``: one cell's attempts, exit.json, sync, result.json), the rest run. Temporary copies a killed sync
+  left in the durable copy are cleared first.
 - One launch per durable copy: a run torn down (its tombstone) or whose durable copy holds another launch is refused
   before anything is written, and each sync claims the durable directory for this launch (``.launch.json``).
 - GPUs: ``gpus_per_cell`` null is the whole box, one cell at a time; otherwise each cell gets its own GPUs
@@ -27,7 +27,6 @@ on a later version of the collection on the box.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import functools
 import hashlib
@@ -37,15 +36,12 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._deadline import run_with_deadline
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import (
     RUN_MARKER,
     durable_run_dir,
-    exit_json,
-    parse_result,
-    read_exit,
     tombstone_path,
     write_json_atomic,
 )
@@ -57,44 +53,31 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runspec
     runner_log,
     secrets_json,
 )
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._artifact_check import Verifier
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_exec import (
     KILL_WAIT_S,
-    MARKER_VARIABLE,
-    Attempt,
-    Outcome,
     append_line,
-    build_env,
-    marker_entry,
-    members,
-    own_ids,
-    run_attempt,
-    still_running,
     stop_processes,
-    ticks_now,
     utc_iso,
 )
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_run import RUNNER_VERSION, CellRun
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_sync import (
-    SyncOutcome,
     clear_temp_copies,
     durable_owner,
     launch_conflict,
-    sync_cell,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_tree import CellTree, become_subreaper
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._env_hook import command_argv
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._gpu_claims import GpuClaims
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._monitor import Monitor, open_nvml
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._procfs import marker_entry, own_ids, ticks_now
 
-RUNNER_VERSION = "1"
 PACKAGE = "ansible_collections.remote_gpu.trainer.plugins.module_utils"
 # Every module_utils file the runner imports, directly or not: training_run installs exactly these under
 # <run>/runner/ansible_collections/... (a test runs the runner from a tree holding only them).
 RUNNER_MODULES = (
-    "runner/_runner.py", "runner/_cell_exec.py", "runner/_cell_sync.py", "runner/_monitor.py", "layout/_runspec.py",
-    "layout/_runs.py", "box/_disk.py", "common/_deadline.py", "box/_cgroup.py", "common/_files.py",
-    "runner/_cell_tree.py", "runner/_gpu_claims.py", "runner/_env_hook.py", "runner/_cell_files.py",
-    "runner/_artifact_check.py", "teardown/_load_verify.py", "common/_command.py",
+    "runner/_runner.py", "runner/_cell_run.py", "runner/_cell_exec.py", "runner/_cell_sync.py", "runner/_monitor.py",
+    "layout/_runspec.py", "layout/_runs.py", "box/_disk.py", "common/_deadline.py", "box/_cgroup.py",
+    "common/_files.py", "runner/_cell_tree.py", "runner/_gpu_claims.py", "runner/_env_hook.py", "runner/_cell_files.py",
+    "runner/_artifact_check.py", "teardown/_load_verify.py", "common/_command.py", "runner/_procfs.py",
 )  # fmt: skip
 RUN_PY = f'''#!/usr/bin/env python3
 """The runner of one training run, installed by remote_gpu.trainer.training_run: run.py <run_dir>."""
@@ -111,11 +94,6 @@ EXIT_DONE, EXIT_NOT_DONE, EXIT_USAGE, EXIT_REFUSED, EXIT_LOCKED, EXIT_STOPPED = 
 DURABLE_PROBE_S = 10.0
 # Clearing a killed sync's temporary copies walks the cells' durable copies: bounded too, but longer.
 TEMP_CLEAR_S = 60.0
-# The runner's own files in a cell directory: prune never removes them, even when it is the checkpoint directory.
-OWN_CELL_FILES = ("log", "result.json", "result.prev.json", "exit.json", ".hook-status")
-# How long a cell's GPUs wait for processes that outlived SIGKILL (uninterruptible sleep) before they are given up.
-QUARANTINE_S = 300.0
-DEFAULTS = {"PYTHONUNBUFFERED": "1", "WANDB_START_METHOD": "thread", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def _text(value: Any) -> str:
@@ -160,6 +138,7 @@ class Runner:
         self.cells_view: List[Dict[str, Any]] = []
         self.free_gpus: List[int] = []
         self.spec: RunSpec
+        self.cell_run: CellRun  # each cell's life, once the spec is read
         self.secrets: Dict[str, str] = {}
         self.run_record: Dict[str, Any] = {}
         self.started_ticks: Optional[int] = None
@@ -211,15 +190,6 @@ class Runner:
         finally:
             os.close(lock_fd)
 
-    def _done(self, cell: CellSpec) -> bool:
-        """The contract's rule, read back from the cell's result.json as patrol and teardown read it, for what this
-        cell declares (its own artifact lists, else the run's)."""
-        try:
-            with open(self._path("cells", cell.name, "result.json"), encoding="utf-8") as handle:
-                return parse_result(json.load(handle)).counts_as_done(self.spec.declares_artifacts(cell))
-        except (OSError, ValueError):
-            return False
-
     def _refusal(self, resumed: bool) -> Optional[str]:
         """Why this runner must not start: its run was torn down, or its durable copy is another launch's."""
         spec = self.spec
@@ -246,7 +216,11 @@ class Runner:
             return EXIT_REFUSED
         if os.path.exists(secrets_json(self.run_dir)):
             os.chmod(secrets_json(self.run_dir), 0o600)
-        skipped, recopy, pending = self._plan()
+        self.cell_run = CellRun(
+            self.run_dir, spec, environ=self.environ, secrets=self.secrets, event=self.log.event,
+            stop_event=self.stop_event, tree=self.tree, started=self.pids.__setitem__, release=self._release,
+        )  # fmt: skip
+        skipped, recopy, pending, self.cells_view = self.cell_run.plan()
         if (pending or recopy) and os.path.exists(self._path("DONE")):
             os.unlink(self._path("DONE"))
         self.free_gpus = sorted(set(spec.gpus))
@@ -283,45 +257,20 @@ class Runner:
         )
         monitor.start()
         # Re-copies need no GPU: they run beside the queue instead of before it.
-        copier = threading.Thread(target=self._recopy, args=(recopy,), name="rgt-recopy", daemon=True)
+        copier = threading.Thread(target=self.cell_run.recopy, args=(recopy,), name="rgt-recopy", daemon=True)
         copier.start()
         try:
             self._schedule(pending)
         finally:
             copier.join()
             monitor.stop()
-        missing = [cell.name for cell in spec.cells if not self._done(cell)]
+        missing = [cell.name for cell in spec.cells if not self.cell_run.done(cell)]
         if not missing:
             write_json_atomic(self._path("DONE"), {"run": spec.run, "done_at": utc_iso(time.time())})
             self.log.event("run_done", cells=len(spec.cells))
             return EXIT_DONE
         self.log.event("run_ended", stopped=self.stop_event.is_set(), not_done=missing)
         return EXIT_STOPPED if self.stop_signal is not None else EXIT_NOT_DONE
-
-    def _plan(self) -> Tuple[List[str], List[CellSpec], List[CellSpec]]:
-        """(cells whose result is done, cells only to copy again, cells to run) and run.json's view of them: a kept
-        result's entry keeps the argv that produced it (``command_now`` says the spec's when it differs)."""
-        skipped: List[str] = []
-        recopy: List[CellSpec] = []
-        pending: List[CellSpec] = []
-        self.cells_view = []
-        for cell in self.spec.cells:
-            view: Dict[str, Any] = {"name": cell.name, "command": list(cell.command), "gpus": None}
-            ended = None
-            if self._done(cell):
-                skipped.append(cell.name)
-                view["state"] = "skipped"
-                ended = read_exit(self._path("cells", cell.name, "result.json")) or read_exit(
-                    exit_json(self.run_dir, cell.name)
-                )
-            else:
-                ended = self._ended(cell)
-                (recopy if ended is not None else pending).append(cell)
-                view["state"] = "recopy" if ended is not None else "pending"
-            if ended is not None and ended.get("command") and ended["command"] != view["command"]:
-                view.update(command=list(ended["command"]), command_now=view["command"])
-            self.cells_view.append(view)
-        return skipped, recopy, pending
 
     def _clear_durable_temp(self) -> None:
         """Remove the temporary copies a killed sync of this run's cells left in its durable copy."""
@@ -406,10 +355,14 @@ class Runner:
         self._write_run_json()  # under the claims lock: other runs see these GPUs taken before they choose
         threading.Thread(target=self._cell_main, args=(cell, gpus), name=f"rgt-cell-{cell.name}", daemon=True).start()
 
-    def _release(self, cell: CellSpec, gpus: Optional[Tuple[int, ...]], failed: bool) -> None:
+    def _release(self, cell: CellSpec, gpus: Optional[Tuple[int, ...]], failed: bool, freed: bool = True) -> None:
+        """The cell's command has ended; its slot and GPUs go back unless ``freed`` is false (processes outlived
+        SIGKILL: they stay held)."""
         with self.cond:
             self.failed = self.failed or failed  # before the slot frees: stop_on_failure starts nothing more
             self.pids.pop(cell.name, None)
+            if not freed:
+                return
             if cell.name in self.holding:
                 self.holding.discard(cell.name)
                 self.slot_opened = True
@@ -424,7 +377,7 @@ class Runner:
 
     def _cell_main(self, cell: CellSpec, gpus: Optional[Tuple[int, ...]]) -> None:
         try:
-            self._execute(cell, gpus)
+            self.cell_run.execute(cell, gpus)
         except Exception as exc:  # a runner fault in one cell must not take the queue down, nor hold its slot
             self.log.event("cell_runner_error", cell=cell.name, error=f"{type(exc).__name__}: {exc}")
             self._release(cell, gpus, failed=True)
@@ -432,213 +385,6 @@ class Runner:
             with self.cond:
                 self.active.discard(cell.name)
                 self.cond.notify_all()
-
-    def _env(self, cell: CellSpec, gpus: Optional[Tuple[int, ...]], attempt: int, token: str) -> Dict[str, str]:
-        directory = self._path("cells", cell.name)
-        own = {
-            "RGT_RUN": self.spec.run, RUN_MARKER: self.run_dir, "RGT_CELL": cell.name, "RGT_CELL_DIR": directory,
-            "RGT_CKPT_DIR": cell.checkpoint_dir or directory, "RGT_ATTEMPT": str(attempt), MARKER_VARIABLE: token,
-        }  # fmt: skip
-        if gpus is not None:
-            own["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in gpus)
-        base = {k: v for k, v in self.environ.items() if k != "RGT_DETACH"}
-        return build_env(base, DEFAULTS, self.spec.env, self.secrets, own)
-
-    def _quarantine(self, outcome: Outcome, marker: bytes, cell: CellSpec) -> bool:
-        """Wait for processes that outlived SIGKILL; False when they are still there (the GPUs stay held)."""
-        self.log.event("cell_processes_left", cell=cell.name, count=outcome.left, waiting_s=QUARANTINE_S)
-
-        def gone() -> bool:
-            self.tree.reap()  # a survivor the runner adopted ends as its zombie
-            found = members(outcome.pgid, marker, since_ticks=outcome.since_ticks)
-            return not found and not still_running(outcome.survivors)
-
-        until = time.monotonic() + QUARANTINE_S
-        while time.monotonic() < until and not self.stop_event.is_set():
-            if gone():
-                return True
-            time.sleep(1.0)
-        return gone()
-
-    def _attempts(self, cell: CellSpec, gpus: Optional[Tuple[int, ...]], log_path: str) -> Tuple[Outcome, float, int]:
-        """Run the cell's attempts and give back its slot; (the last outcome with every attempt's leftovers, when
-        the first attempt started, attempts made)."""
-        allowed = 1 + cell.retries
-        where = f"GPUs {','.join(map(str, gpus))}" if gpus is not None else "every GPU"
-        hook_status = os.path.join(os.path.dirname(log_path), ".hook-status")  # written when the env hook fails
-        argv = command_argv(cell.command, self.spec.env_hook, self.spec.conda_env, hook_status)
-        first_start: Optional[float] = None
-        outcome: Optional[Outcome] = None
-        leftovers: List[Dict[str, Any]] = []  # every attempt's
-        freed = True
-        for attempt in range(1, allowed + 1):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(hook_status)
-            token = f"{self.spec.run}.{cell.name}.{attempt}.{os.urandom(6).hex()}"
-            marker = marker_entry(MARKER_VARIABLE, token)
-            append_line(log_path, f"[rgt {utc_iso(time.time())}] attempt {attempt}/{allowed} starting on {where}")
-
-            def started(pid: int, attempt: int = attempt) -> None:
-                self.pids[cell.name] = pid
-                self.log.event("cell_started", cell=cell.name, attempt=f"{attempt}/{allowed}", gpus=gpus, pid=pid)
-
-            attempt_spec = Attempt(
-                argv, self.spec.workdir, self._env(cell, gpus, attempt, token), log_path, cell.timeout_s,
-                self.spec.stop_grace_s, marker, self.spec.env_hook, hook_status,
-            )  # fmt: skip
-            tracker = self.tree.attempt(cell.name)
-            try:
-                outcome = run_attempt(attempt_spec, self.stop_event, started, tracker)
-            finally:
-                tracker.close()
-            first_start = first_start if first_start is not None else outcome.started_at
-            append_line(log_path, f"[rgt {utc_iso(time.time())}] attempt {attempt}/{allowed} {outcome.describe()}")
-            self._log_attempt(cell, f"{attempt}/{allowed}", outcome)
-            leftovers.extend(outcome.leftovers)
-            freed = not outcome.left or self._quarantine(outcome, marker, cell)
-            if not freed:
-                self.log.event("gpus_held", cell=cell.name, gpus=gpus, why="processes survived SIGKILL")
-            if outcome.succeeded or self.stop_event.is_set() or not freed or attempt == allowed:
-                break
-            self.log.event("cell_retry", cell=cell.name, next_attempt=f"{attempt + 1}/{allowed}")
-        if outcome is None or first_start is None:
-            raise RuntimeError("no attempt ran")
-        outcome = dataclasses.replace(outcome, leftovers=tuple(leftovers))
-        if freed:
-            self._release(cell, gpus, failed=not outcome.succeeded)
-        else:
-            with self.cond:
-                self.failed = self.failed or not outcome.succeeded
-                self.pids.pop(cell.name, None)
-        return outcome, first_start, attempt
-
-    def _log_attempt(self, cell: CellSpec, attempt: str, outcome: Outcome) -> None:
-        self.log.event(
-            "cell_ended", cell=cell.name, attempt=attempt, exit=outcome.exit_code, signal=outcome.signal,
-            reason=outcome.reason, leftovers=len(outcome.leftovers), hook_failed=outcome.hook_failed,
-        )  # fmt: skip
-        if outcome.leftovers:
-            items = outcome.leftovers
-            self.log.event(
-                "cell_leftovers", cell=cell.name, attempt=attempt, pids=[item["pid"] for item in items],
-                names=[item["name"] for item in items], not_stopped=[i["pid"] for i in items if not i["stopped"]],
-            )  # fmt: skip
-
-    def _execute(self, cell: CellSpec, gpus: Optional[Tuple[int, ...]]) -> None:
-        directory = self._path("cells", cell.name)
-        base = cell.checkpoint_dir or directory
-        os.makedirs(base, exist_ok=True)
-        os.makedirs(directory, exist_ok=True)
-        result_path = os.path.join(directory, "result.json")
-        if os.path.exists(result_path):  # stale: patrol must not read an old failure while the cell reruns
-            os.replace(result_path, os.path.join(directory, "result.prev.json"))
-        log_path = os.path.join(directory, "log")
-        outcome, first_start, attempt = self._attempts(cell, gpus, log_path)
-        described = outcome.describe()
-        sync = SyncOutcome("skipped")
-        ended = {
-            "schema": 1, "cell": cell.name, "status": "succeeded" if outcome.succeeded else "failed",
-            "exit_code": outcome.exit_code, "signal": outcome.signal, "started_at": utc_iso(first_start),
-            "ended_at": utc_iso(outcome.ended_at), "attempts": attempt,
-            "reason": outcome.reason or (None if outcome.succeeded else described), "command": list(cell.command),
-            "checkpoint_dir": base, "gpus": list(gpus) if gpus is not None else None,
-            "hook_failed": outcome.hook_failed,
-        }  # fmt: skip
-        # Before any sync: a runner killed while copying leaves the proof that the command succeeded, so the next
-        # start copies again instead of training again.
-        write_json_atomic(exit_json(self.run_dir, cell.name), ended)
-        if outcome.succeeded:
-            sync = self._sync(cell, base, log_path)
-        self._write_result(cell, ended, sync, recopied=False, leftovers=list(outcome.leftovers))
-
-    def _sync(self, cell: CellSpec, base: str, log_path: str) -> SyncOutcome:
-        """The cell's sync with its effective lists (its own keys, else the run's) and the run's checks."""
-        spec = self.spec
-        directory = self._path("cells", cell.name)
-        sync = sync_cell(
-            base, prune_patterns=spec.prune_of(cell), artifact_patterns=spec.artifacts_of(cell),
-            optional_patterns=spec.optional_artifacts_of(cell), durable_dir=spec.durable_dir, run=spec.run,
-            cell=cell.name, stopped=self.stop_event.is_set, launch_id=spec.launch_id,
-            verifier=Verifier(spec.verify_cmd, spec.verify_timeout_s, spec.check_finite),
-            keep=[os.path.join(directory, name) for name in OWN_CELL_FILES],
-        )  # fmt: skip
-        self._log_sync(cell, sync, log_path)
-        return sync
-
-    def _write_result(
-        self, cell: CellSpec, ended: Mapping[str, Any], sync: SyncOutcome, recopied: bool, leftovers: List[Any]
-    ) -> None:
-        """result.json from the command's end (exit.json's fields) and the sync."""
-        keys = ("status", "exit_code", "signal", "started_at", "ended_at", "attempts", "reason", "gpus", "command")
-        result = {"schema": 1, "cell": cell.name, **{key: ended.get(key) for key in keys}}
-        result.update(
-            hook_failed=bool(ended.get("hook_failed")), recopied=recopied, sync=sync.sync, sync_error=sync.error,
-            sync_reason=sync.error,  # the same text under the name Molecule's launch scenario reads
-            artifacts=list(sync.artifacts), pruned=list(sync.pruned), verify=list(sync.verify), leftovers=leftovers,
-            synced_at=utc_iso(time.time()) if sync.sync == "verified" else None, runner_version=RUNNER_VERSION,
-        )  # fmt: skip
-        write_json_atomic(self._path("cells", cell.name, "result.json"), result)
-        self.log.event(
-            "cell_result", cell=cell.name, status=result["status"], sync=sync.sync, attempts=result["attempts"],
-            recopied=recopied,
-        )  # fmt: skip
-
-    def _recopy(self, cells: Sequence[CellSpec]) -> None:
-        """Copy again the artifacts of cells whose command succeeded but whose result is not done (their sync
-        failed, or a runner died while copying): never their command again."""
-        for cell in cells:
-            if self.stop_event.is_set():
-                return
-            ended = self._ended(cell)
-            if ended is None:  # it was there when the run started
-                continue
-            directory = self._path("cells", cell.name)
-            written = ended.get("checkpoint_dir")
-            base = written if isinstance(written, str) and os.path.isabs(written) else cell.checkpoint_dir or directory
-            log_path = os.path.join(directory, "log")
-            now = utc_iso(time.time())
-            append_line(log_path, f"[rgt {now}] re-copy: the command succeeded at {ended['ended_at']}; not run again")
-            self.log.event("cell_recopy", cell=cell.name, ended_at=ended["ended_at"])
-            try:
-                sync = self._sync(cell, base, log_path)
-                self._write_result(cell, ended, sync, recopied=True, leftovers=[])
-            except Exception as exc:  # one cell's fault must not end the others' re-copies
-                self.log.event("cell_runner_error", cell=cell.name, error=f"{type(exc).__name__}: {exc}")
-
-    def _ended(self, cell: CellSpec) -> Optional[Dict[str, Any]]:
-        """How the cell's command ended, when it succeeded: exit.json, else a result.json that says succeeded (a
-        runner from before exit.json)."""
-        ended = read_exit(exit_json(self.run_dir, cell.name))
-        if ended is None:
-            ended = read_exit(self._path("cells", cell.name, "result.json"))
-            if ended is not None and "command" not in ended:
-                ended["command"] = list(cell.command)
-        return ended if ended is not None and ended["status"] == "succeeded" else None
-
-    def _log_sync(self, cell: CellSpec, sync: SyncOutcome, log_path: str) -> None:
-        now = utc_iso(time.time())
-        for line in sync.log_lines():
-            append_line(log_path, f"[rgt {now}] {line}")
-        if sync.sync == "verified":
-            self.log.event("sync_verified", cell=cell.name, files=len(sync.artifacts), bytes=sync.total_bytes)
-        elif sync.sync == "failed":
-            self.log.event("sync_failed", cell=cell.name, why=sync.error)
-
-
-def install_runner(destination: str, read: Callable[[str], bytes]) -> List[str]:
-    """Write ``run.py`` and every ``RUNNER_MODULES`` file (``read(name)`` gives its bytes) under ``destination``."""
-    package = os.path.join(destination, *PACKAGE.split("."))
-    for name in RUNNER_MODULES:
-        os.makedirs(os.path.dirname(os.path.join(package, name)), exist_ok=True)
-    files = [(os.path.join(package, name), read(name), 0o644) for name in RUNNER_MODULES]
-    files.append((os.path.join(destination, "run.py"), RUN_PY.encode("utf-8"), 0o755))
-    for path, data, mode in files:
-        temporary = f"{path}.{os.urandom(4).hex()}.tmp"
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-        os.chmod(temporary, mode)
-        os.replace(temporary, path)  # a runner that is importing sees the old file or the new one
-    return [path for path, _data, _mode in files]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

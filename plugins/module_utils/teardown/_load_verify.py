@@ -19,7 +19,8 @@ import time
 from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, cast
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._command import RC_NOT_EXECUTABLE, RC_NOT_FOUND
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_exec import deliver, list_procs
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_exec import deliver
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._procfs import list_procs
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_OUTPUT_BYTES = 4000

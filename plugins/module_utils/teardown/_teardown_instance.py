@@ -29,7 +29,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs im
     runs_root,
     tombstone_path,
 )
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_exec import read_stat
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._procfs import read_stat
 
 # Containers keep the platform's variables in PID 1's environment; an sshd session often does not inherit them.
 PID1_ENVIRON = "/proc/1/environ"

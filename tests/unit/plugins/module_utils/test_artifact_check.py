@@ -162,3 +162,35 @@ def test_the_verifier_checks_what_applies_to_each_artifact(tmp_path):
     assert said is not None and not said["ok"] and said["message"].startswith("verify_cmd exited with 1: Traceback")
     assert said["message"].endswith("| ValueError: not a checkpoint")  # the loader's last lines, one line
     assert Verifier().check("best.pt", best) is None
+
+
+@pytest.mark.parametrize(
+    ("relative", "patterns", "expected"),
+    [
+        ("best.pt", (), True),  # none given: every artifact
+        ("best.pt", ("*.pt",), True),
+        ("config.json", ("*.pt",), False),
+        ("sub/best.pt", ("*.pt",), True),  # "*" matches "/" too, as teardown's load_verify_artifacts
+        ("best.pt", ("**/*.pt",), True),  # "**/" may match no directory, as in the artifact globs
+        ("a/b/best.pt", ("**/*.pt",), True),
+        ("ckpt/model.safetensors", ("ckpt/**/*.safetensors", "*.pt"), True),
+        ("other/model.safetensors", ("ckpt/**/*.safetensors",), False),
+        ("BEST.PT", ("*.pt",), False),  # case matters, as on the box's filesystem
+    ],
+)
+def test_verify_artifacts_choose_by_the_path_under_the_checkpoint_dir(relative, patterns, expected):
+    assert _artifact_check.chosen(relative, patterns) is expected
+
+
+def test_the_verify_command_runs_only_on_the_chosen_artifacts_the_finite_check_on_every_safetensors(tmp_path):
+    config = write(tmp_path, b'{"hidden": 8}', "config.json")
+    best = write(tmp_path, checkpoint(b"w"), "best.pt")
+    weights = write(tmp_path, safetensors([("w", "F32", [1.0, INF])]))
+    chosen = Verifier((sys.executable, "-c", LOADER), 30, check_finite=True, artifacts=("*.pt",))
+    assert chosen.check("config.json", config) is None  # the loader never sees it
+    assert chosen.check("best.pt", best) == {"path": "best.pt", "ok": True, "message": "verify_cmd exited 0"}
+    said = chosen.check("model.safetensors", weights)
+    assert said == {"path": "model.safetensors", "ok": False, "message": "tensor 'w' (F32) holds Inf at element 1"}
+    every = Verifier((sys.executable, "-c", LOADER), 30)
+    refused = every.check("config.json", config)
+    assert refused is not None and not refused["ok"] and refused["message"].endswith("ValueError: not a checkpoint")

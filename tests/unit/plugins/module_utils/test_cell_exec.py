@@ -17,12 +17,11 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner import _
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_exec import (
     Attempt,
     build_env,
-    marker_entry,
-    members,
     run_attempt,
     stop_processes,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._env_hook import ENV_WRAPPER, command_argv
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._procfs import marker_entry, members
 from ansible_collections.remote_gpu.trainer.tests.workload.harness import alive, records, train, wait_for
 
 PY = sys.executable

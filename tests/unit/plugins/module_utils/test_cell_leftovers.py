@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner import _cell_tree
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_exec import read_stat
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_tree import CellTree
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._procfs import read_stat
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._runner import Runner
 from ansible_collections.remote_gpu.trainer.tests.workload.harness import (
     alive,

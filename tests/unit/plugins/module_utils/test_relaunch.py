@@ -81,6 +81,11 @@ def test_every_difference_is_named_once(tmp_path):
         "cell c added",
         "cell b removed",
     ]
+    loader = {"verify_cmd": ["python", "load.py"]}
+    assert spec_changes(dict(old, **loader), dict(old, **loader, verify_artifacts=["*.pt"])) == [
+        "verify_artifacts changed"
+    ]
+    assert spec_changes(dict(old, **loader), dict(old, **loader, verify_artifacts=[])) == []  # absent: every one
     # The run's list changed: cells that inherit it are not named again.
     assert spec_changes(old, dict(old, artifacts=["last.pt"])) == ["artifacts changed"]
 

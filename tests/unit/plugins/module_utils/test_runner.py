@@ -12,9 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _run_detach
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import parse_result, parse_run
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner import _runner
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_exec import marker_entry, members, own_ids
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._procfs import marker_entry, members, own_ids
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._runner import RUNNER_MODULES, Runner, RunnerLog
 from ansible_collections.remote_gpu.trainer.tests.workload.harness import (
     make_run,
@@ -313,8 +314,14 @@ def test_runner_modules_are_exactly_what_it_imports_and_enough_to_run_alone(tmp_
         RUNNER_MODULES
     )
     run_dir = make_run(tmp_path, [{"name": "a", "command": train()}], artifacts=["best.pth"])
-    installed = _runner.install_runner(str(run_dir / "runner"), lambda name: (MODULE_UTILS / name).read_bytes())
-    assert len(installed) == len(RUNNER_MODULES) + 1
+    # As training_run installs it: the sources from the collection, run.py beside them.
+    assert _run_detach.install_runner(str(run_dir), RUNNER_MODULES, _runner.RUN_PY) == str(
+        run_dir / "runner" / "run.py"
+    )
+    package = run_dir / "runner" / _runner.PACKAGE.replace(".", "/")
+    assert {str(path.relative_to(package)) for path in package.rglob("*.py") if path.name != "__init__.py"} == set(
+        RUNNER_MODULES
+    )
     # -I -S: no PYTHONPATH, no site-packages, not the collection: only the copied tree and the standard library.
     done = subprocess.run(
         [sys.executable, "-I", "-S", str(run_dir / "runner" / "run.py"), str(run_dir)],

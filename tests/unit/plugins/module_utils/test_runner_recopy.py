@@ -127,6 +127,32 @@ def test_a_truncated_checkpoint_is_refused_by_the_verify_command_with_the_loader
     assert f"SYNC FAILED: {cut['sync_error']}" in (run_dir / "cells" / "cut" / "log").read_text()
 
 
+# A cell that writes a checkpoint and the model's config.json beside it, as HF and Lightning runs do.
+WITH_CONFIG = (
+    "import os, struct; d = os.environ['RGT_CKPT_DIR']; "
+    "open(os.path.join(d, 'best.pt'), 'wb').write(b'CKPT' + struct.pack('>Q', 8) + b'w' * 8); "
+    "open(os.path.join(d, 'config.json'), 'w').write('{\"hidden\": 8}')"
+)
+
+
+def test_verify_artifacts_keep_the_loader_off_config_json(tmp_path):
+    cells = [{"name": "a", "command": [sys.executable, "-c", WITH_CONFIG]}]
+    loader = [sys.executable, "-c", LOADER, "{path}"]
+    chosen = make_run(tmp_path / "chosen", cells, artifacts=["best.pt", "config.json"], verify_cmd=loader,
+                      verify_artifacts=["*.pt"])  # fmt: skip
+    assert run(chosen) == 0 and (chosen / "DONE").exists()
+    result = results(chosen)["a"]
+    assert (result["sync"], sorted(a["path"] for a in result["artifacts"])) == ("verified", ["best.pt", "config.json"])
+    assert result["verify"] == [{"path": "best.pt", "ok": True, "message": "verify_cmd exited 0"}]
+    # Without it the loader runs on every artifact, config.json included, and the sync fails naming it.
+    every = make_run(tmp_path / "every", cells, artifacts=["best.pt", "config.json"], verify_cmd=loader)
+    assert run(every) == 1 and not (every / "DONE").exists()
+    result = results(every)["a"]
+    assert (result["status"], result["sync"]) == ("succeeded", "failed")
+    assert result["sync_error"].startswith("config.json: verify_cmd exited with 1: ")
+    assert [(check["path"], check["ok"]) for check in result["verify"]] == [("best.pt", True), ("config.json", False)]
+
+
 def test_nan_weights_are_refused_by_the_finite_check(tmp_path):
     cells = [{"name": "nan", "command": program(tmp_path / "starts", "st", "model.safetensors", "nan")}]
     run_dir = make_run(tmp_path, cells, artifacts=["*.safetensors"], check_finite=True)

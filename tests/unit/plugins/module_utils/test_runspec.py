@@ -88,6 +88,9 @@ def test_to_json_round_trips_through_parse_spec():
         ({"verify_cmd": ["load", "a\0b"]}, "verify_cmd must not contain a NUL character"),
         ({"verify_timeout_s": 0}, "verify_timeout_s must be a number of at least 1"),
         ({"check_finite": "yes"}, "check_finite must be true or false, not 'yes'"),
+        ({"verify_cmd": ["load"], "verify_artifacts": "*.pt"}, "verify_artifacts must be a list of non-empty strings"),
+        ({"verify_cmd": ["load"], "verify_artifacts": ["../x.pt"]}, "verify_artifacts: '../x.pt' must stay inside"),
+        ({"verify_artifacts": ["*.pt"]}, "verify_artifacts chooses the artifacts verify_cmd runs on, but verify_cmd"),
     ],
 )
 def test_invalid_specs_are_refused_naming_the_field(overrides, message):
@@ -157,6 +160,10 @@ def test_verify_settings_default_off_and_round_trip():
         True,
     )
     assert parse_spec(json.loads(json.dumps(checked.to_json()))) == checked
+    assert parsed.verify_artifacts == ()  # every artifact
+    chosen = parse_spec(spec(verify_cmd=["load"], verify_artifacts=["*.pt", "**/*.safetensors"]))
+    assert chosen.verify_artifacts == ("*.pt", "**/*.safetensors")
+    assert parse_spec(json.loads(json.dumps(chosen.to_json()))) == chosen
 
 
 def test_a_spec_json_from_before_per_cell_artifacts_still_loads(tmp_path):
@@ -171,4 +178,4 @@ def test_a_spec_json_from_before_per_cell_artifacts_still_loads(tmp_path):
     (tmp_path / "spec.json").write_text(json.dumps(old))
     loaded = load_spec(str(tmp_path))
     assert loaded.cells[0].artifacts is None and loaded.artifacts_of(loaded.cells[0]) == ("best.pth",)
-    assert (loaded.verify_cmd, loaded.check_finite) == (None, False)
+    assert (loaded.verify_cmd, loaded.check_finite, loaded.verify_artifacts) == (None, False, ())

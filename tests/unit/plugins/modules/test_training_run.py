@@ -516,6 +516,7 @@ BAD_OPTIONS = [
     ({"detach": "nohup"}, "value of detach must be one of: auto, tmux, setsid"),
     ({"env_hook": "/nonexistent/hook"}, "env_hook /nonexistent/hook is not a readable file"),
     ({"launch_id": "a b"}, "launch_id 'a b' does not match"),
+    ({"verify_artifacts": ["*.pt"]}, "verify_artifacts chooses the artifacts verify_cmd runs on, but verify_cmd is"),
 ]
 
 
@@ -526,6 +527,17 @@ def test_a_bad_option_fails_in_one_line_naming_it(box, run_module, change, messa
     assert message in result["msg"]
     assert "\n" not in result["msg"] and SECRET not in json.dumps(result)
     assert not (box["data"] / "runs").exists()
+
+
+def test_verify_artifacts_reach_the_spec_and_choose_what_the_loader_opens(box, run_module):
+    loader = [sys.executable, "-c", "import sys; sys.exit(0 if sys.argv[1].endswith('best.pth') else 3)"]
+    args = args_for(box, cells=[cell("a")], durable_dir=str(box["durable"]), artifacts=["best.pth", "latest.pth"])
+    code, result = run_module(training_run, dict(args, verify_cmd=loader, verify_artifacts=["best.*"]))
+    assert code == 0, result
+    run_dir = box["data"] / "runs" / "r1"
+    assert json.loads((run_dir / "spec.json").read_text())["verify_artifacts"] == ["best.*"]
+    wait_for((run_dir / "DONE").exists, what="DONE")
+    assert [(c["path"], c["ok"]) for c in result_of(run_dir, "a")["verify"]] == [("best.pth", True)]
 
 
 def test_started_needs_cells(box, run_module):
