@@ -14,13 +14,14 @@ from typing import Any, Dict, List, Mapping, Optional
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _launch_lines as launch_lines
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_lines as patrol_lines
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_lines as teardown_lines
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._patrol_notify import notify
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._report import write_report
 
 SPEC = {
-    "stage": {"type": "str", "required": True, "choices": ["teardown", "patrol"]},
+    "stage": {"type": "str", "required": True, "choices": ["teardown", "patrol", "launch"]},
     "result_var": {"type": "str", "required": True},
     "report_dir": {"type": "str", "default": "reports"},
     "notify": {
@@ -34,7 +35,7 @@ SPEC = {
 }
 # Per stage, its words (STATUSES, lines, summary, no_record) and what a report keeps of a record: never the
 # module's invocation or raw provider output.
-FORMATTERS = {"teardown": teardown_lines, "patrol": patrol_lines}
+FORMATTERS = {"teardown": teardown_lines, "patrol": patrol_lines, "launch": launch_lines}
 
 
 class ActionModule(ActionBase):

@@ -22,7 +22,7 @@ options:
     description: The stage whose records these are.
     type: str
     required: true
-    choices: [teardown, patrol]
+    choices: [teardown, patrol, launch]
   result_var:
     description: The variable the stage's task registered on each host.
     type: str

@@ -1,6 +1,7 @@
 # Copyright (c) remote_gpu.trainer contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""rsync between the controller and a box over the very SSH command Ansible's own connection runs.
+"""rsync between the controller and a box (teardown's pull, launch's code push) over the very SSH command
+Ansible's own connection runs.
 
 The ``-e`` command is the ssh connection plugin's own argv (``ansible.cfg``'s ``ssh_args`` with its ControlMaster
 and ControlPath, the port, the key, the user, ``ansible_ssh_common_args`` and ``_extra_args``), so a pull reuses the
@@ -27,6 +28,7 @@ LISTED_FILES = 50
 STDERR_CHARS = 2000
 # rsync --itemize-changes: "<f+++++++++ path" for a file received.
 ITEM = re.compile(r"\A[<>ch.*][fdLDS][c.+?stpoguax ]{9} (?P<path>.+)\Z")
+DELETING = "*deleting "  # what --delete removed (or would)
 
 
 class RsyncError(ValueError):
@@ -41,6 +43,7 @@ class Transfer:
     rc: int
     received: List[str] = field(default_factory=list)
     received_count: int = 0
+    deleted: List[str] = field(default_factory=list)
     error: str = ""
 
 
@@ -89,6 +92,32 @@ def pull_argv(connection: Any, source: str, dest: str, *, dry_run: bool, io_time
     return [*argv, remote(connection, source.rstrip("/") + "/"), dest.rstrip("/") + "/"]
 
 
+def push_argv(
+    connection: Any,
+    source: str,
+    dest: str,
+    *,
+    excludes: Sequence[str] = (),
+    delete: bool = False,
+    dry_run: bool,
+    io_timeout_s: int,
+) -> List[str]:
+    """Push the controller directory ``source`` into the box's ``dest``: delta transfers by size and mtime, links
+    sent as links, ``--delete`` only when asked (the box's own files in ``dest`` go too), ``--timeout`` against a
+    stall, and ``--itemize-changes`` so the record lists what was (or, with ``dry_run``, would be) sent."""
+    if not os.path.isabs(source):
+        raise RsyncError(f"the controller directory {source!r} must be absolute")
+    argv = ["rsync", "--recursive", "--links", "--perms", "--times", "--compress", "--itemize-changes"]
+    argv += [f"--timeout={max(io_timeout_s, 1)}", *(f"--exclude={pattern}" for pattern in excludes)]
+    if delete:
+        argv.append("--delete")
+    if dry_run:
+        argv.append("--dry-run")
+    if _transport(connection) not in LOCAL:
+        argv += ["-e", ssh_command(connection)]
+    return [*argv, source.rstrip("/") + "/", remote(connection, dest.rstrip("/") + "/")]
+
+
 def run(argv: Sequence[str], timeout_s: float) -> Transfer:
     """Run rsync (no shell, stdin closed) under ``timeout_s``; never raises for rsync's own failures."""
     transfer = Transfer(argv=rsync_text.redact_argv(list(argv)), rc=-1)
@@ -101,12 +130,15 @@ def run(argv: Sequence[str], timeout_s: float) -> Transfer:
         transfer.error = f"rsync did not finish within {timeout_s:g} s"
         return transfer
     transfer.rc = done.returncode
-    received = []
+    received, deleted = [], []
     for line in to_text(done.stdout, errors="surrogate_or_replace").splitlines():
         match = ITEM.match(line)
         if match and line[1] == "f":
             received.append(match.group("path"))
+        elif line.startswith(DELETING):
+            deleted.append(line[len(DELETING) :].strip())
     transfer.received, transfer.received_count = received[:LISTED_FILES], len(received)
+    transfer.deleted = deleted[:LISTED_FILES]
     if done.returncode != 0:
         lines = [x.strip() for x in to_text(done.stderr, errors="surrogate_or_replace").splitlines() if x.strip()]
         told = next((line for line in lines if line.startswith("rsync:")), lines[-1] if lines else "no message")

@@ -9,16 +9,6 @@ import pytest
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common import _rsync_argv as rsync
 
-HOST = {
-    "connection": "ssh",
-    "host": "203.0.113.7",
-    "port": 41022,
-    "user": "root",
-    "private_key_file": "/home/me/.ssh/runpod key",
-    "common_args": '-o "ProxyCommand=ssh -W %h:%p jump" -o ServerAliveInterval=15',
-    "extra_args": "-o ControlPath=/tmp/cp/%C",
-}
-
 
 @pytest.mark.parametrize(
     ("argument", "quoted"),
@@ -38,45 +28,6 @@ def test_quote_as_rsync_splits(argument, quoted):
 def test_quote_refuses_both_quote_characters():
     with pytest.raises(rsync.RsyncArgvError, match="both quote characters"):
         rsync.rsync_quote('it\'s "x"')
-
-
-def test_ssh_command_carries_every_connection_setting():
-    command = rsync.ssh_command(HOST)
-    assert shlex.split(command) == [
-        "ssh",
-        "-o",
-        "BatchMode=yes",
-        "-p",
-        "41022",
-        "-i",
-        "/home/me/.ssh/runpod key",
-        "-o",
-        "ProxyCommand=ssh -W %h:%p jump",
-        "-o",
-        "ServerAliveInterval=15",
-        "-o",
-        "ControlPath=/tmp/cp/%C",
-    ]
-    assert rsync.ssh_argv({"host": "h"}) == ["ssh", "-o", "BatchMode=yes"]
-    with pytest.raises(rsync.RsyncArgvError, match="ansible_ssh_extra_args cannot be split"):
-        rsync.ssh_argv({"extra_args": '-o "open'})
-
-
-def test_connection_kinds():
-    assert rsync.is_local({"connection": "local"}) and rsync.is_local({"connection": "ansible.builtin.local"})
-    assert not rsync.is_local({}) and not rsync.is_local({"connection": "paramiko"})
-    with pytest.raises(rsync.RsyncArgvError, match="cannot rsync over connection 'winrm'"):
-        rsync.is_local({"connection": "winrm"})
-
-
-def test_remote_spec():
-    assert rsync.remote_spec(HOST, "/durable/runs/r/") == "root@203.0.113.7:/durable/runs/r/"
-    assert rsync.remote_spec({"host": "fd00::1"}, "/d") == "[fd00::1]:/d"
-    with pytest.raises(rsync.RsyncArgvError, match="the host has no address"):
-        rsync.remote_spec({"host": ""}, "/d")
-    for path in ("d", "/d e", "/d;rm", "/$(x)", "/d`x`", "/d\nx"):
-        with pytest.raises(rsync.RsyncArgvError, match="absolute, plain path"):
-            rsync.remote_spec(HOST, path, "durable directory")
 
 
 def test_redact_argv_keeps_the_command_and_drops_credentials():
