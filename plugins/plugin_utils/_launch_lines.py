@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping
 
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import status_summary
+
 # The steps, in order. Validation, the preflight gate and the box's own refusals (a changed spec, a reused name, an
 # orphan cell) refuse the box; a step that breaks fails it.
 STEPS = ("validate", "preflight", "probe", "code", "relaunch", "training_run")
@@ -162,16 +164,7 @@ def no_record(host: str) -> Dict[str, Any]:
 def summary(records: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
     """Counts per status, the hosts per outcome, the cells a sharded sweep did not launch, and one line."""
     records = list(records)
-    by_status: Dict[str, List[str]] = {status: [] for status in STATUSES}
-    for record in records:
-        by_status.setdefault(str(record.get("status")), []).append(str(record.get("host")))
-    text = f"{len(records)} hosts: " + ", ".join(f"{len(hosts)} {s}" for s, hosts in by_status.items() if hosts)
-    steps = {record.get("host"): record.get("step") for record in records}
-    for status in FAILING:
-        if by_status[status]:
-            text += f"; {status.lower()}: " + ", ".join(f"{host} ({steps.get(host)})" for host in by_status[status])
-    if by_status["UNREACHABLE"]:
-        text += f"; unreachable: {', '.join(by_status['UNREACHABLE'])}"
+    result = status_summary(records, STATUSES, ("UNREACHABLE",), FAILING)
     # A box of a sharded sweep that launched nothing leaves its share of the cells unlaunched: name them.
     unlaunched = [
         str(cell.get("name"))
@@ -181,12 +174,5 @@ def summary(records: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
         if isinstance(cell, Mapping) and cell.get("name")
     ]
     if unlaunched:
-        text += f"; cells not launched: {_names(unlaunched)}"
-    return {
-        "hosts": len(records),
-        "counts": {status: len(hosts) for status, hosts in by_status.items() if hosts},
-        **{status.lower(): hosts for status, hosts in by_status.items()},
-        "cells_not_launched": unlaunched,
-        "changed": [record.get("host") for record in records if record.get("changed")],
-        "line": text,
-    }
+        result["line"] += f"; cells not launched: {_names(unlaunched)}"
+    return dict(result, cells_not_launched=unlaunched)

@@ -71,6 +71,31 @@ def misspelt_short_names(variables: Iterable[str], short_names: Iterable[str]) -
     return problems
 
 
+def status_summary(
+    records: List[Mapping[str, Any]], statuses: Iterable[str], named: Iterable[str], stepped: Iterable[str]
+) -> Dict[str, Any]:
+    """A stage's fleet summary: hosts per status in ``statuses`` order, the ``stepped`` ones with the step that
+    stopped them and the ``named`` ones by name in the line, the changed hosts, and the line."""
+    by_status: Dict[str, List[str]] = {status: [] for status in statuses}
+    for record in records:
+        by_status.setdefault(str(record.get("status")), []).append(str(record.get("host")))
+    text = f"{len(records)} hosts: " + ", ".join(f"{len(hosts)} {s}" for s, hosts in by_status.items() if hosts)
+    steps = {record.get("host"): record.get("step") for record in records}
+    for status in stepped:
+        if by_status[status]:
+            text += f"; {status.lower()}: " + ", ".join(f"{host} ({steps.get(host)})" for host in by_status[status])
+    for status in named:
+        if by_status[status]:
+            text += f"; {status.lower()}: {', '.join(by_status[status])}"
+    return {
+        "hosts": len(records),
+        "counts": {status: len(hosts) for status, hosts in by_status.items() if hosts},
+        **{status.lower(): hosts for status, hosts in by_status.items()},
+        "changed": [record.get("host") for record in records if record.get("changed")],
+        "line": text,
+    }
+
+
 class StageAction(ActionBase):
     """Base of ``remote_gpu.trainer.<stage>``: validation first, module calls, no tracebacks.
 

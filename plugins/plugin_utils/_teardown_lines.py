@@ -7,6 +7,8 @@ from __future__ import annotations
 import shlex
 from typing import Any, Dict, Iterable, List, Mapping
 
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import status_summary
+
 # The steps, in order. A gate step refuses the box, the confirmation leaves it unconfirmed, an action fails it.
 GATE_STEPS = (
     "validate",
@@ -180,22 +182,5 @@ def no_record(host: str) -> Dict[str, Any]:
 
 def summary(records: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
     """Counts per status, the hosts per outcome and one line."""
-    records = list(records)
-    by_status: Dict[str, List[str]] = {status: [] for status in STATUSES}
-    for record in records:
-        by_status.setdefault(str(record.get("status")), []).append(str(record.get("host")))
-    text = f"{len(records)} hosts: " + ", ".join(f"{len(hosts)} {s}" for s, hosts in by_status.items() if hosts)
-    steps = {record.get("host"): record.get("step") for record in records}
-    for status in ("REFUSED", "FAILED"):
-        if by_status[status]:
-            text += f"; {status.lower()}: " + ", ".join(f"{host} ({steps.get(host)})" for host in by_status[status])
-    for status in ("UNCONFIRMED", "STOP_BY_HAND", "UNREACHABLE"):
-        if by_status[status]:
-            text += f"; {status.lower()}: {', '.join(by_status[status])}"
-    return {
-        "hosts": len(records),
-        "counts": {status: len(hosts) for status, hosts in by_status.items() if hosts},
-        **{status.lower(): hosts for status, hosts in by_status.items()},
-        "changed": [record.get("host") for record in records if record.get("changed")],
-        "line": text,
-    }
+    named = ("UNCONFIRMED", "STOP_BY_HAND", "UNREACHABLE")
+    return status_summary(list(records), STATUSES, named, ("REFUSED", "FAILED"))
