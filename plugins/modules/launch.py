@@ -38,6 +38,7 @@ options:
       reads, and optionally C(timeout_s), C(retries), C(checkpoint_dir), C(artifacts), C(optional_artifacts),
       C(prune) (a cell's own key replaces the run's).
     type: list
+    elements: raw
     required: true
   data_dir:
     description: The box's scratch directory (absolute); not given, the play's C(data_dir).

@@ -53,7 +53,8 @@ from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import c
 
 ARGUMENT_SPEC: Dict[str, Any] = {
     "run": {"type": "str", "required": True},
-    "cells": {"type": "list", "required": True},  # each cell checked by _launch_cells: plain messages
+    # Any element: each cell is checked by _launch_cells, in plain words naming the cell.
+    "cells": {"type": "list", "elements": "raw", "required": True},
     # None (not given): the platform profile's variable of the same name, as the role's defaults were.
     "data_dir": {"type": "str"},
     "durable_dir": {"type": "str"},

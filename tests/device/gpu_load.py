@@ -34,7 +34,7 @@ def main(argv: list) -> int:
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     started, products = time.monotonic(), 0
     while time.monotonic() < end:
-        for _ in range(20):
+        for _repeat in range(20):
             a @ b
         torch.cuda.synchronize()
         products += 20

@@ -189,15 +189,15 @@ def container(payload: bytes) -> bytes:
 def safetensors(values: List[float]) -> bytes:
     """A safetensors file holding one F32 tensor ``weight``: u64 header length, JSON header, raw data."""
     data = struct.pack(f"<{len(values)}f", *values)
-    header = {"__metadata__": {"format": "pt"}, "weight": {"dtype": "F32", "shape": [len(values)],
-                                                         "data_offsets": [0, len(data)]}}  # fmt: skip
+    weight = {"dtype": "F32", "shape": [len(values)], "data_offsets": [0, len(data)]}
+    header = {"__metadata__": {"format": "pt"}, "weight": weight}
     encoded = json.dumps(header).encode()
     encoded += b" " * (-len(encoded) % 8)  # the format pads the header with spaces to 8 bytes
     return struct.pack("<Q", len(encoded)) + encoded + data
 
 
 def _weights(kib: int, nan: bool = False) -> List[float]:
-    values = [random.uniform(-1.0, 1.0) for _ in range(max(1, kib * 256))]
+    values = [random.uniform(-1.0, 1.0) for _index in range(max(1, kib * 256))]
     if nan:
         values[len(values) // 2] = float("nan")
     return values

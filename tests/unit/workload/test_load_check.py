@@ -76,7 +76,7 @@ def test_nan_weights_fail_only_the_finite_check_and_a_cut_safetensors_never_load
 
 def test_starts_file_and_the_detached_helper(tmp_path: Path) -> None:
     starts = tmp_path / "starts"
-    for _ in range(2):
+    for _start in range(2):
         assert train(tmp_path, "--starts-file", str(starts), "--detach-helper", "30").returncode == 0
     assert [line.split()[0] for line in starts.read_text().splitlines()] == ["start", "start"]
     pid = int((tmp_path / "helper.pid").read_text())

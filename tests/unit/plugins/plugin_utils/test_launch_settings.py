@@ -116,16 +116,16 @@ def test_a_good_sweep_gives_every_key_and_training_run_options_only(tmp_path: Pa
     assert settings["preflight"] == {"skip": False, "require": False, "max_age_s": 3600.0, "report_dir": "reports"}
     # Plain types all through: the settings go into module options and records.
     assert json.loads(json.dumps(settings)) == settings
-    assert type(module["cells"][0]["command"][3]) is str and type(settings["run"]) is str
+    assert isinstance(module["cells"][0]["command"][3], str) and isinstance(settings["run"], str)
 
 
 def test_options_at_the_modules_default_are_left_out(tmp_path: Path) -> None:
-    settings, _ = settle(play(tmp_path, {"launch_gpus": [], "launch_gpus_per_cell": 0, "launch_env_hook": ""}))
+    settings, _problems = settle(play(tmp_path, {"launch_gpus": [], "launch_gpus_per_cell": 0, "launch_env_hook": ""}))
     assert settings is not None
     assert not {"gpus", "gpus_per_cell", "max_parallel", "env_hook", "conda_env", "launch_id"} & set(
         settings["module_args"]
     )
-    settings, _ = settle(play(tmp_path, {"launch_gpus": [0, 1], "launch_gpus_per_cell": 1, "launch_id": "L1"}))
+    settings, _problems = settle(play(tmp_path, {"launch_gpus": [0, 1], "launch_gpus_per_cell": 1, "launch_id": "L1"}))
     assert settings is not None
     assert {"gpus": [0, 1], "gpus_per_cell": 1, "launch_id": "L1"}.items() <= settings["module_args"].items()
 
@@ -260,7 +260,7 @@ def test_an_untrusted_template_is_not_rendered(tmp_path: Path) -> None:
 
 def test_the_checkpoint_dir_template_and_a_cells_own_dir(tmp_path: Path) -> None:
     cells = [{"name": "a", "checkpoint_dir": "/own/a"}, {"name": "b"}]
-    settings, _ = settle(play(tmp_path, {"launch_cells": cells, "launch_command": ["python"]}))
+    settings, _problems = settle(play(tmp_path, {"launch_cells": cells, "launch_command": ["python"]}))
     assert settings is not None
     assert [cell["checkpoint_dir"] for cell in settings["module_args"]["cells"]] == [
         "/own/a",
@@ -282,7 +282,7 @@ def test_a_credential_in_launch_env_is_refused_pointing_to_launch_secrets(tmp_pa
 
 def test_plain_environment_values_become_text(tmp_path: Path) -> None:
     env = {"TOKENIZERS_PARALLELISM": False, "OMP_NUM_THREADS": 4, "HF_HOME": "/data/hf"}
-    settings, _ = settle(play(tmp_path, {"launch_env": env}))
+    settings, _problems = settle(play(tmp_path, {"launch_env": env}))
     assert settings is not None
     assert settings["module_args"]["env"] == {
         "TOKENIZERS_PARALLELISM": "false",
@@ -356,11 +356,11 @@ def test_shards_come_from_the_inventory_whatever_the_limit(tmp_path: Path) -> No
     cells = [{"name": f"c{index}"} for index in range(7)]
     changes = {"launch_shard": True, "launch_cells": cells, "launch_command": ["python"]}
     # --limit h2: the play has one host, the inventory three; h2 keeps index 1 and its cells.
-    settings, _ = settle(play(tmp_path, changes, inventory_hostname="h2", ansible_play_hosts=["h2"]))
+    settings, _problems = settle(play(tmp_path, changes, inventory_hostname="h2", ansible_play_hosts=["h2"]))
     assert settings is not None
     assert settings["shard"] == {"index": 1, "count": 3} == settings["module_args"]["shard"]
     assert settings["cells"] == ["c1", "c4"] and [c["name"] for c in settings["module_args"]["cells"]] == ["c1", "c4"]
-    settings, _ = settle(play(tmp_path, dict(changes, launch_shard_hosts=["h9", "h1"])))
+    settings, _problems = settle(play(tmp_path, dict(changes, launch_shard_hosts=["h9", "h1"])))
     assert (
         settings is not None
         and settings["shard"] == {"index": 0, "count": 2}
@@ -373,7 +373,7 @@ def test_shards_come_from_the_inventory_whatever_the_limit(tmp_path: Path) -> No
 def test_code_and_python_defaults_are_computed_when_not_set(tmp_path: Path) -> None:
     code = tmp_path / "proj"
     code.mkdir()
-    settings, _ = settle(
+    settings, _problems = settle(
         play(
             tmp_path,
             {"launch_code_dir": str(code)},
@@ -388,7 +388,7 @@ def test_code_and_python_defaults_are_computed_when_not_set(tmp_path: Path) -> N
     }  # fmt: skip
     assert settings["workdir"] == settings["module_args"]["workdir"] == "/data/code/abl"
     assert settings["base_python"] == "/usr/bin/python3.10"
-    settings, _ = settle(
+    settings, _problems = settle(
         play(tmp_path, {"launch_git_repo": "https://x/p.git", "launch_code_dest": "/src"}, drop=("launch_workdir",))
     )
     assert settings is not None
@@ -416,13 +416,13 @@ def test_the_profile_gives_what_is_not_set(tmp_path: Path) -> None:
         "preflight_report_dir": "pre",
         "durable_dir": "{{ data_dir }}/fs",
     }
-    settings, _ = settle(play(tmp_path, {**profile, "launch_detach": None}))
+    settings, _problems = settle(play(tmp_path, {**profile, "launch_detach": None}))
     assert settings is not None
     module = settings["module_args"]
     assert (module["env_hook"], module["detach"], module["durable_dir"]) == ("/etc/network_turbo", "setsid", "/data/fs")
     assert settings["preflight"]["report_dir"] == "pre"
     # An explicit empty durable dir means none, not the profile's.
-    settings, _ = settle(
+    settings, _problems = settle(
         play(
             tmp_path,
             {
@@ -437,12 +437,14 @@ def test_the_profile_gives_what_is_not_set(tmp_path: Path) -> None:
 
 
 def test_verify_cmd_is_an_argv_or_one_command_line(tmp_path: Path) -> None:
-    settings, _ = settle(
+    settings, _problems = settle(
         play(tmp_path, {"launch_verify_cmd": "python -c 'import torch, sys; torch.load(sys.argv[1])'"})
     )
     assert settings is not None
     assert settings["module_args"]["verify_cmd"] == ["python", "-c", "import torch, sys; torch.load(sys.argv[1])"]
-    settings, _ = settle(play(tmp_path, {"launch_verify_cmd": ["check", "{path}", 3], "launch_verify_timeout_s": 60}))
+    settings, _problems = settle(
+        play(tmp_path, {"launch_verify_cmd": ["check", "{path}", 3], "launch_verify_timeout_s": 60})
+    )
     assert settings is not None and settings["module_args"]["verify_cmd"] == ["check", "{path}", "3"]
     assert settings["module_args"]["verify_timeout_s"] == 60.0
     assert problems_of(tmp_path, {"launch_verify_cmd": "python -c 'x"})[0].startswith(
@@ -452,10 +454,10 @@ def test_verify_cmd_is_an_argv_or_one_command_line(tmp_path: Path) -> None:
 
 def test_verify_artifacts_reach_training_run_only_when_given(tmp_path: Path) -> None:
     assert "launch_verify_artifacts" in options.KNOWN_VARIABLES
-    settings, _ = settle(play(tmp_path, {"launch_verify_cmd": ["load", "{path}"]}))
+    settings, _problems = settle(play(tmp_path, {"launch_verify_cmd": ["load", "{path}"]}))
     assert settings is not None and "verify_artifacts" not in settings["module_args"]  # empty: every artifact
     chosen = {"launch_verify_cmd": ["load", "{path}"], "launch_verify_artifacts": ["*.pt", "**/*.safetensors"]}
-    settings, _ = settle(play(tmp_path, chosen))
+    settings, _problems = settle(play(tmp_path, chosen))
     assert settings is not None and settings["module_args"]["verify_artifacts"] == ["*.pt", "**/*.safetensors"]
     assert "verify_artifacts" in training_run.ARGUMENT_SPEC
     assert problems_of(tmp_path, {"launch_verify_artifacts": ["*.pt"]}) == [
