@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _launch_lines as lines
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _launch_settings as options
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import box_cost, hourly_rate
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._launch_flow import Launch
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import BoxUnreachable, StageAction, StageError
 
@@ -28,6 +29,8 @@ class ActionModule(StageAction):
         host = str(task_vars.get("inventory_hostname") or self._play_context.remote_addr)
         run = args.get("run") if isinstance(args.get("run"), str) else None
         record = {"host": host, "run": run, "cells": [], "check_mode": bool(self._task.check_mode), "changed": False}
+        # A refused box bills all the same: its rate (a bad one is among the problems, and shows none).
+        record.update(autostop=None, cost=box_cost(hourly_rate(task_vars)[0], None))
         return self.finish(record, "REFUSED", "validate", "; ".join(problems))
 
     def stage(self, args: Dict[str, Any], task_vars: Dict[str, Any]) -> Dict[str, Any]:

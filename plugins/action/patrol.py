@@ -4,14 +4,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping
+from datetime import datetime, timezone
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_billing as billing
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_lines as lines
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_record as records
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_settings as options
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import RATE_VARIABLE, box_cost, hourly_rate
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import (
     BoxUnreachable,
     StageAction,
+    one_line,
     unknown_variables,
 )
 
@@ -23,7 +27,7 @@ class ActionModule(StageAction):
     def refuse(self, task_vars: Dict[str, Any], args: Mapping[str, Any], problems: List[str]) -> Dict[str, Any]:
         run_filter = args.get("run") if isinstance(args.get("run"), str) else ""
         record = records.broken(self.host(task_vars), "; ".join(problems), "patrol_error", run_filter=run_filter)
-        return self.finish(record)
+        return self.finish(record, task_vars)
 
     def stage(self, args: Dict[str, Any], task_vars: Dict[str, Any]) -> Dict[str, Any]:
         ours = [name for name in task_vars if not name.startswith(options.OTHER_PLAYBOOKS)]
@@ -40,14 +44,34 @@ class ActionModule(StageAction):
                 "patrol_facts", options.module_args(args), dict(task_vars, ansible_python_interpreter=python)
             )
         except BoxUnreachable as gone:
-            return self.finish(records.unreachable(host, str(gone)))
-        return self.finish(records.from_answer(host, answer, python, args["run"]))
+            return self.finish(records.unreachable(host, str(gone)), task_vars)
+        record = records.from_answer(host, answer, python, args["run"])
+        return self.finish(record, task_vars, options.idle_billing_minutes(args["idle_billing_minutes"]))
 
     def host(self, task_vars: Mapping[str, Any]) -> str:
         return str(task_vars.get("inventory_hostname") or self._play_context.remote_addr)
 
-    def finish(self, record: Dict[str, Any]) -> Dict[str, Any]:
+    def rate(self, task_vars: Mapping[str, Any]) -> Tuple[Optional[float], Optional[str]]:
+        """The host's hourly_usd (a template in it rendered) and its problem, as _cost.hourly_rate says."""
+        value = task_vars.get(RATE_VARIABLE)
+        if isinstance(value, str) and "{{" in value and self._templar is not None:
+            try:
+                value = self._templar.template(value)
+            except Exception as error:  # any template error: the rate is unknown, patrol still reports
+                return None, f"{RATE_VARIABLE}: its template failed: {one_line(error, 160)}"
+        return hourly_rate({RATE_VARIABLE: value})
+
+    def finish(
+        self, record: Dict[str, Any], task_vars: Mapping[str, Any], idle_minutes: Optional[float] = None
+    ) -> Dict[str, Any]:
+        """The record with its cost (a bad hourly_usd is a warning on the line, never a refusal), idle_billing
+        judged, its status and its line."""
+        now = datetime.now(timezone.utc)
+        rate, problem = self.rate(task_vars)
+        box = record.get("box") or {}
+        record.update(cost=box_cost(rate, box.get("since"), now), cost_warning=problem)
+        billing.escalate(record, idle_minutes, rate, now)
         record["status"] = str(record["state"]).upper()
         record["check_mode"] = bool(self._task.check_mode)
-        record["line"] = lines.line(record)
+        record["line"] = lines.line(record, now)
         return dict(record, changed=False, msg=record["line"])

@@ -10,6 +10,7 @@ from ansible.utils.display import Display
 
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_lines as lines
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_settings as options
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import box_cost, hourly_rate
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._report import Busy, box_lock
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import (
     BoxUnreachable,
@@ -31,6 +32,8 @@ class ActionModule(StageAction):
     def refuse(self, task_vars: Dict[str, Any], args: Mapping[str, Any], problems: List[str]) -> Dict[str, Any]:
         host = str(task_vars.get("inventory_hostname") or self._play_context.remote_addr)
         record = {"host": host, "runs": options.names(args.get("runs")) or ["?"], "check_mode": self._task.check_mode}
+        rate, rate_problem = hourly_rate(task_vars)  # a refused box still bills: its rate is on the line
+        record.update(cost=box_cost(rate, None), warnings=[rate_problem] if rate_problem else [])
         return self.finish(record, "REFUSED", "validate", "; ".join(problems))
 
     def stage(self, args: Dict[str, Any], task_vars: Dict[str, Any]) -> Dict[str, Any]:
@@ -58,7 +61,7 @@ class ActionModule(StageAction):
 
     def finish(self, record: Dict[str, Any], status: str, step: Any, reason: str) -> Dict[str, Any]:
         record.update(status=status, step=step, reason=reason)
-        record["warnings"] = warnings_of(record)
+        record["warnings"] = list(record.get("warnings") or []) + warnings_of(record)
         record["line"] = lines.line(record)
         return dict(record, changed=bool(record.get("changed")), msg=record["line"])
 
@@ -71,6 +74,9 @@ def warnings_of(record: Dict[str, Any]) -> list:
             f"meter-stop verb {record.get('verb')} is irreversible: the instance and its disks are destroyed; only "
             "the verified durable copy remains"
         )
+    cost = record.get("cost") or {}
+    if cost.get("note"):
+        warnings.append(f"cost: {cost['note']}")
     if record.get("check_mode") and record.get("reason") and record["status"] == "CHECKED":
         warnings.append(f"a real teardown stops before acting: {record['reason']}")
     gate = record.get("gate") or {}

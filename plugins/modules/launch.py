@@ -237,13 +237,37 @@ options:
     description: Controller directory of the launch report (read by M(remote_gpu.trainer.stage_report)).
     type: str
     default: reports
+  autostop:
+    description:
+      - Arm the box's own stop through M(remote_gpu.trainer.training_run), before the run starts, from the play's
+        C(self_stop) (the platform profile's C(id_env), C(env), C(verb)). A profile with C(self_stop.unsupported)
+        or without C(self_stop) refuses the box at C(validate) with the reason, as does a verb that is irreversible
+        or does not name C({instance_id}).
+    type: bool
+    default: false
+  autostop_idle_minutes:
+    description: Minutes with every run secured before the box stops itself (0 to 14400); null for no idle timer.
+    type: raw
+    default: 30
+  autostop_controller_silence_hours:
+    description: Hours without a patrol tick before a box whose runs are all secured stops itself (above 0, at
+      most 8760); null for no dead-man timer.
+    type: raw
+  autostop_check_interval_s:
+    description: Seconds between two looks of the box's watcher (1 to 3600).
+    type: float
+    default: 60
+  autostop_disarm:
+    description: Disarm the box's autostop (any platform); not with O(autostop).
+    type: bool
+    default: false
 extends_documentation_fragment:
   - remote_gpu.trainer.attributes
 attributes:
   check_mode:
     support: full
     details: Everything is validated and the probe runs; rsync runs with C(--dry-run), git and training_run in
-      check mode; the line says what would happen.
+      check mode; the line says what would happen (also that it would arm autostop).
   action:
     description: Indicates this has a corresponding action plugin so some parts of the options can be executed on
       the controller.
@@ -355,6 +379,20 @@ warnings:
   returned: after validation
   type: list
   elements: str
+autostop:
+  description:
+    - training_run's C(autostop) result (C(armed), C(changed), C(state), C(reason), C(watcher_pid), C(generation),
+      C(idle_minutes), C(controller_silence_hours), C(instance_id), C(command), C(would), C(decision), ...) plus
+      C(asked) (C(arm), C(disarm), or null when launch left autostop alone); null when training_run said nothing.
+  returned: always
+  type: dict
+cost:
+  description:
+    - What the box costs, from the host's C(hourly_usd) and training_run's C(box_started_at) (its first run's
+      start, else its container's), C(hourly_usd), C(since), C(hours), C(usd) (and C(note) when the box's start
+      is odd); null without C(hourly_usd).
+  returned: always
+  type: dict
 check_mode:
   description: Whether this was a check-mode launch.
   returned: always

@@ -19,7 +19,9 @@ description:
     run and per cell what patrol_facts found, and the box's line. The task itself does not fail, so the report step
     sees every box; M(remote_gpu.trainer.stage_report) writes the fleet's report and sends the notifications, and
     M(remote_gpu.trainer.stage_verdict) turns the record into the play's outcome.
-  - Read-only on the box but for patrol_facts' own log cursors (none in check mode).
+  - Read-only on the box but for patrol_facts' own log cursors and its tick file (none in check mode).
+  - The line also shows what the box's autostop will do and what the box costs so far (host variable
+    C(hourly_usd)); a box with no live run for over O(idle_billing_minutes) escalates with problem C(idle_billing).
 author:
   - remote_gpu.trainer contributors (@remote-gpu-trainer)
 options:
@@ -83,6 +85,15 @@ options:
         else C(python3).
     type: str
     default: ""
+  idle_billing_minutes:
+    description:
+      - Minutes the box may bill with no live run before it escalates with problem C(idle_billing) (action
+        C(teardown)), unless its armed autostop, on its current settings, will stop it (state C(idle_wait),
+        C(silence_wait), C(stopping) or C(stopped)). A number above 0 and at most 43200; C(null) turns it off.
+      - The money comes from the host variable C(hourly_usd) (US dollars per hour); a bad value is a warning on the
+        line (RV(cost_warning)), never a refusal.
+    type: raw
+    default: 60
 extends_documentation_fragment:
   - remote_gpu.trainer.attributes
 attributes:
@@ -157,4 +168,30 @@ python:
   description: The Python patrol_facts ran with.
   returned: when the box was reachable
   type: str
+box:
+  description: patrol_facts' C(box) (C(since), C(container_started_at), C(live_runs), C(idle), C(idle_since),
+    C(runs_done)), each field checked; null when the box did not answer it.
+  returned: always
+  type: dict
+autostop:
+  description: patrol_facts' C(autostop) (C(armed), C(state), C(reason), C(due_at), C(idle_s), C(idle_needed_s),
+    C(silence_s), C(silence_needed_s), C(trigger), C(gate), C(stop), C(watcher_pid), C(watcher_alive),
+    C(generation), C(generation_current), C(armed_by), ...), each field checked; null when the box did not answer it.
+  returned: always
+  type: dict
+cost:
+  description: What the box costs, C({hourly_usd, since, hours, usd}) (and C(note) when its start time is odd), from
+    the host's C(hourly_usd) and the box's C(since); null when C(hourly_usd) is unset or bad.
+  returned: always
+  type: dict
+cost_warning:
+  description: Why C(hourly_usd) was not used (one line naming it), else null.
+  returned: always
+  type: str
+idle_billing:
+  description: The box's idle time, C({idle_s, hourly_usd, burning_usd, since}) (C(burning_usd) what the idle time
+    cost so far, null without a rate; C(since) the box's C(idle_since)), when no run is live; null when a run is
+    live, the box did not say when it went idle, or O(idle_billing_minutes) is null.
+  returned: always
+  type: dict
 """

@@ -75,7 +75,15 @@ description:
   - Runs under the box's base Python; the runtime venv (O(venv)) lives under the data directory, which may hang,
     so only the GPU probe's child adds its site-packages for C(pynvml), and a hung data directory costs the probes
     a reason naming it, never the tick.
-  - Strictly read-only on the runs; it writes only its own cursors, and nothing in check mode.
+  - B(Whole box.) Whatever O(run) patrols, RV(box) covers every run on the box (its runner or a cell of it alive,
+    C(DONE), its start and its last activity), so a controller can tell a box that bills with nothing running, and
+    RV(autostop) reports the box's own stop timer from C(<data_dir>/runs/.autostop/armed.json) and the watcher's
+    C(<data_dir>/runs/.autostop.json). Both are read under the first round's deadline; a file that is not what it
+    should be is a reason, never a failure.
+  - B(Tick.) Each tick counts itself in C(<data_dir>/runs/.patrol-tick.json) (C(at), C(tick)), written atomically
+    and only where C(<data_dir>/runs) exists; an armed autostop's dead-man timer (C(controller_silence_hours))
+    restarts whenever it changes.
+  - Strictly read-only on the runs; it writes only its own cursors and the tick file, and nothing in check mode.
   - Needs only the Python standard library; NVML through C(nvidia-ml-py) when the base Python or O(venv) has it.
 options:
   data_dir:
@@ -173,7 +181,8 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Gathers the same facts; the scan cursors are not saved, so the next tick reads those bytes again.
+    details: Gathers the same facts; the scan cursors are not saved, so the next tick reads those bytes again, and
+      the tick file is not written, so a check-mode patrol does not hold back an autostop's dead-man timer.
 notes:
   - The box is untrusted input. Every number read from its files is checked (NaN, infinities, strings read as
     unknown); a run directory that is not the layout's is reported, never followed.
@@ -386,6 +395,62 @@ msg:
   returned: always
   type: str
   sample: "running: run sweep, 1/3 cells done"
+box:
+  description:
+    - The whole box, every run on it whatever O(run) patrols. C(since), when it started billing as far as the box
+      knows (the earliest C(started_at) among its runs but not before the container's start, as a box stopped and
+      started again was not billed while stopped; else the container's start); C(container_started_at), PID
+      1's start (the container's, or the machine's boot); C(live_runs), the runs whose runner or a cell of it is
+      alive; C(idle), true when no run is live (null when the runs could not be read in time); C(idle_since), with
+      no live run, the newest of the container's start and each run's last activity (the newest mtime of its
+      C(run.json), C(DONE) and its cells' C(result.json) and C(exit.json)), else null; C(runs_done), the runs with
+      C(DONE). Times are ISO 8601 UTC, null where unknown.
+  returned: always
+  type: dict
+  sample:
+    since: "2026-12-03T01:12:09Z"
+    container_started_at: "2026-12-03T01:02:44Z"
+    live_runs: []
+    idle: true
+    idle_since: "2026-12-03T03:11:40Z"
+    runs_done: [sweep-a, sweep-b]
+autostop:
+  description:
+    - The box's own stop timer (launch's C(launch_autostop)). C(armed) is false and every other key null when there
+      is no C(armed.json) (or it cannot be read); all are null when the box could not be read in time.
+    - From the watcher's C(.autostop.json), C(state) (C(waiting), C(idle_wait), C(silence_wait), C(gate_failed),
+      C(stopping), C(stopped), C(failed), C(unconfirmed), C(disarmed), or C(unreadable) when the file cannot be read or
+      trusted, with a reason), C(reason), C(due_at) (when the timer fires,
+      an estimate), C(next_check_at), C(updated_at) (when the watcher last wrote), C(idle_s), C(idle_needed_s),
+      C(silence_s), C(silence_needed_s), C(trigger) (C(idle) or C(controller_silence)), C(gate) (C(passed),
+      C(step), C(reason), C(checked_at)) and C(stop) (C(issued_at), C(command), C(outcome), C(final_state), C(msg),
+      C(attempts), C(result)); null until the watcher wrote them.
+    - C(watcher_pid) and C(watcher_alive), the watcher process; C(generation), armed.json's configuration, and
+      C(generation_current), whether the watcher's decision is about that configuration (false until it acts on
+      it); from C(armed.json), C(armed_by) (C(run), C(launch_id)), C(idle_minutes) and C(controller_silence_hours).
+  returned: always
+  type: dict
+  sample:
+    armed: true
+    state: idle_wait
+    reason: every run is DONE and secured; stopping after 30 min idle
+    due_at: "2026-12-03T03:41:40+00:00"
+    next_check_at: "2026-12-03T03:24:40+00:00"
+    updated_at: "2026-12-03T03:23:40+00:00"
+    idle_s: 720.0
+    idle_needed_s: 1800.0
+    silence_s: null
+    silence_needed_s: null
+    trigger: idle
+    gate: {passed: true, step: null, reason: every run secured, checked_at: "2026-12-03T03:11:52+00:00"}
+    stop: null
+    watcher_pid: 4242
+    watcher_alive: true
+    generation: 3f9a0c1b2d4e
+    generation_current: true
+    armed_by: {run: sweep-b, launch_id: null}
+    idle_minutes: 30.0
+    controller_silence_hours: null
 ansible_facts:
   description: Every key above under C(patrol).
   returned: always

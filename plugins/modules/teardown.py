@@ -219,8 +219,15 @@ meter_stop:
   returned: when the box got that far
   type: dict
 warnings:
-  description: Irreversible verbs, abandoned runs, accepted cells, the gate's notes.
+  description: Irreversible verbs, abandoned runs, accepted cells, the gate's notes, a bad C(hourly_usd) (the box is
+    torn down all the same, without a cost) and a box clock ahead of the controller's.
   returned: always
   type: list
   elements: str
+cost:
+  description: With the host variable C(hourly_usd), what the box cost up to its teardown, C(hourly_usd),
+    C(since) (the gate's C(instance.box_started_at)), C(hours) and C(usd) (rounded to cents; null with C(since)
+    when the box's start is unknown); null without C(hourly_usd) or with a bad one.
+  returned: always
+  type: dict
 """

@@ -205,6 +205,11 @@ instance:
       marker of a run not in O(runs)).
     - C(id_checked), C(id_expected), C(id_found), C(id_source) (the variable and where it was read);
       C(same_device) (null when not compared), C(data_dev), C(durable_dev).
+    - C(box_started_at), since when the box bills (ISO 8601 UTC ending in C(Z), whatever the verdict, with or
+      without O(instance)); the earliest C(started_at) in the C(run.json) of the runs on the box, but not before the
+      start of PID 1 (the container's start, or the machine's boot; a box stopped and started again was not billed
+      meanwhile); the start of PID 1 without runs, or when data_dir does not answer; null when neither can be read.
+      A start before 2000 or more than a day ahead is ignored. Teardown's cost counts from it.
   returned: always
   type: dict
 notes:

@@ -62,6 +62,18 @@ description:
     earlier launch is removed when O(secrets) is not given.
   - Every command is an argv list; nothing builds a shell string from the options. O(env_hook) is the one file a
     shell sources (trusted operator input, the platform profile's, never built from user strings).
+  - B(Autostop.) With O(autostop), the box is armed before the run starts (and before a run already running or done
+    is reported). The box reads its own instance id from O(autostop.id_env) (this process's environment, else PID
+    1's C(/proc/1/environ), where containers keep the platform's variables), checks that every variable
+    O(autostop.env) names is set there and that the stop command's program is on C(PATH); any of them missing fails
+    the call with one line naming it, and nothing is started. It then writes C(<data_dir>/runs/.autostop/armed.json)
+    (0600; variable names, never their values) when the configuration differs from the armed one (a new
+    generation; otherwise C(changed=false)), and starts the detached watcher (C(<data_dir>/runs/.autostop/runner/),
+    log C(watch.log)) unless a live one holds C(watch.lock). The watcher stops the instance, at most once per
+    generation and only with a reversible verb, once every run on the box is C(DONE) and teardown's instance gate
+    passes on the box, after O(autostop.idle_minutes) with no new run, or after O(autostop.controller_silence_hours)
+    without a patrol tick; it writes its decision to C(<data_dir>/runs/.autostop.json). O(autostop.disarm) marks
+    C(armed.json) disarmed and the watcher exits.
 author:
   - remote_gpu.trainer contributors (@remote-gpu-trainer)
 requirements:
@@ -270,6 +282,69 @@ options:
       that does not is stopped and the module fails with the end of C(runner.log).
     type: float
     default: 20
+  autostop:
+    description:
+      - Arm (or, with O(autostop.disarm), disarm) the box's own autostop before the run starts; see B(Autostop.)
+        above. Unset, autostop is left as it is. The launch role fills it from the platform profile's C(self_stop)
+        (O(autostop.id_env), O(autostop.env), O(autostop.verb)) and its C(launch_autostop_*) variables.
+      - At least one of O(autostop.idle_minutes) and O(autostop.controller_silence_hours) is needed unless
+        O(autostop.disarm).
+    type: dict
+    suboptions:
+      idle_minutes:
+        description: Stop the box this many minutes after every run on it is C(DONE) and secured with no new run
+          started, between 0 and 14400; null for the dead-man only.
+        type: float
+      controller_silence_hours:
+        description: The dead-man; stop the box after this many hours without a patrol tick (C(patrol_facts)
+          writes one), still only when every run is secured; above 0 and at most 8760; null for none.
+        type: float
+      check_interval_s:
+        description: Seconds between two looks of the watcher, between 1 and 3600.
+        type: float
+        default: 60
+      gate_retry_max_s:
+        description: The longest wait between two tries of a failed gate (the wait doubles from
+          O(autostop.check_interval_s)), between 1 and 86400.
+        type: float
+        default: 1800
+      disarm:
+        description: Mark the armed autostop disarmed; the watcher writes state C(disarmed) and exits. The other
+          suboptions are ignored.
+        type: bool
+        default: false
+      id_env:
+        description: The variables that hold this box's own instance id, the first one set wins (C(RUNPOD_POD_ID),
+          C(CONTAINER_ID); a Vast.ai label C(C.<id>) counts as C(<id>)).
+        type: list
+        elements: str
+      env:
+        description:
+          - The stop command's environment variables, each mapped to the box variable it is read from, for example
+            C(VAST_API_KEY) from C(CONTAINER_API_KEY) on Vast.ai. Names only; the watcher reads the values when it
+            stops the box.
+        type: dict
+      verb:
+        description: The stop verb, declared as a C(meter_stop_verbs) entry (C(command), C(status), C(final_states),
+          C(survives), C(irreversible)); C({instance_id}) in its strings becomes the box's id. An irreversible verb is
+          refused (autostop only stops; never delete, destroy or terminate).
+        type: dict
+      platform:
+        description: The platform's name (C(runpod), C(vastai)), recorded in C(armed.json) and used in hints.
+        type: str
+      timeout_s:
+        description: Seconds the watcher polls the status for a final state after the stop command, between 0 and
+          86400.
+        type: float
+        default: 300
+      poll_interval_s:
+        description: Seconds between two status polls, above 0 and at most 3600.
+        type: float
+        default: 5
+      command_timeout_s:
+        description: Seconds each stop or status command may run, above 0 and at most 3600.
+        type: float
+        default: 60
 extends_documentation_fragment:
   - remote_gpu.trainer.attributes
 attributes:
@@ -278,7 +353,8 @@ attributes:
     details: Nothing is written, locked, archived or started; RV(msg), RV(outcome), RV(cells_left),
       RV(recopy_cells), RV(kept_cells) and RV(changes) say whether the run would start or resume and with which
       cells, RV(archived) what O(new_attempt) would archive, and C(changed) whether it would. A start that would be
-      refused fails as it would outside check mode. O(state=stopped) signals nothing.
+      refused fails as it would outside check mode, a refused O(autostop) too. O(state=stopped) signals nothing.
+      O(autostop) writes and starts nothing; RV(autostop.would) says what it would do.
 notes:
   - Use the runtime venv's Python (C(ansible_python_interpreter)); the runner runs with the module's interpreter.
   - With tmux, a tmux server that already runs gives the run its own environment, not the SSH session's.
@@ -335,6 +411,26 @@ EXAMPLES = r"""
     verify_artifacts: ["*.pth", "*.safetensors"]  # the loader never opens config.json
     check_finite: true
     apply_changes: true
+
+- name: Start it on a RunPod pod that stops itself 30 min after every run is secured
+  remote_gpu.trainer.training_run:
+    run: abl-2026-12
+    data_dir: /workspace/scratch
+    durable_dir: /workspace/durable
+    cells: "{{ abl_cells }}"
+    artifacts: [best.pth]
+    autostop:
+      idle_minutes: 30
+      controller_silence_hours: 12
+      platform: runpod
+      id_env: [RUNPOD_POD_ID]
+      env: {RUNPOD_API_KEY: RUNPOD_API_KEY}
+      verb:
+        command: [runpodctl, pod, stop, "{instance_id}"]
+        status: {command: [runpodctl, pod, get, "{instance_id}"], state_key: desiredStatus}
+        final_states: [EXITED]
+        survives: [data_dir, durable_dir]
+        irreversible: false
 
 - name: Stop it (files stay)
   remote_gpu.trainer.training_run:
@@ -436,6 +532,45 @@ archived:
   contains:
     from: {description: The earlier attempt's durable copy or tombstone., type: str}
     to: {description: 'Where it is now, C(...@attempt-<N>) or C(...@attempt-<N>.json).', type: str}
+autostop:
+  description: What O(autostop) did (in check mode, would do); null when O(autostop) is not given.
+  returned: success
+  type: dict
+  contains:
+    armed: {description: 'An armed, not disarmed, C(armed.json) is (in check mode, would be) on the box.', type: bool}
+    changed: {description: 'C(armed.json) was written or a watcher started (in check mode, would be).', type: bool}
+    state:
+      description: V(armed), V(disarmed) (disarmed now, or already) or V(not_armed) (a disarm with nothing armed).
+      type: str
+    reason: {description: 'One line: what was done and what the watcher stops, and when.', type: str}
+    watcher_pid: {description: "The live watcher's pid, or null.", type: int}
+    watcher_started: {description: This call started the watcher., type: bool}
+    generation:
+      description: C(armed.json)'s generation (12 hex digits, new whenever the configuration changes); null in
+        check mode when a new one would be made.
+      type: str
+    idle_minutes: {description: 'The idle timer in minutes, or null.', type: float}
+    controller_silence_hours: {description: 'The dead-man timer in hours, or null.', type: float}
+    check_interval_s: {description: Seconds between two looks of the watcher., type: float}
+    instance_id: {description: The id the box read from O(autostop.id_env)., type: str}
+    command: {description: 'The stop command as it will run (the id filled in, no secret), or null.', type: str}
+    would: {description: 'In check mode, what arming would do; else null.', type: str}
+    decision:
+      description: The watcher's last decision from C(.autostop.json) (C(state), C(reason), C(due_at)), or null.
+      type: dict
+autostop_refused:
+  description: True when the call failed because the box cannot arm the autostop it was asked for (its id, the
+    key or the stop command's binary is missing, or the verb is not a stop); nothing was started.
+  returned: failure
+  type: bool
+  sample: true
+box_started_at:
+  description: Since when the box bills (ISO 8601 UTC), the earliest C(started_at) of the runs on it, not before the
+    container's start (PID 1's; a box stopped and started again was not billed meanwhile); the container's start
+    without runs; null when neither is known. The controller counts the box's cost from it.
+  returned: success
+  type: str
+  sample: "2026-12-04T10:15:02Z"
 skipped_cells:
   description: Names of the cells skipped because they were already done.
   returned: always
@@ -463,6 +598,7 @@ cells:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.autostop._autostop_config import AutostopRefused
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._options import Between, check_options
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch._training_run import LaunchError, training_run
 
@@ -475,6 +611,20 @@ CELL_OPTIONS = {
     "artifacts": {"type": "list", "elements": "str"},
     "optional_artifacts": {"type": "list", "elements": "str"},
     "prune": {"type": "list", "elements": "str"},
+}
+AUTOSTOP_OPTIONS = {
+    "idle_minutes": {"type": "float"},
+    "controller_silence_hours": {"type": "float"},
+    "check_interval_s": {"type": "float", "default": 60.0},
+    "gate_retry_max_s": {"type": "float", "default": 1800.0},
+    "disarm": {"type": "bool", "default": False},
+    "id_env": {"type": "list", "elements": "str"},
+    "env": {"type": "dict"},
+    "verb": {"type": "dict"},
+    "platform": {"type": "str"},
+    "timeout_s": {"type": "float", "default": 300.0},
+    "poll_interval_s": {"type": "float", "default": 5.0},
+    "command_timeout_s": {"type": "float", "default": 60.0},
 }
 ARGUMENT_SPEC = {
     "run": {"type": "str", "required": True},
@@ -511,6 +661,7 @@ ARGUMENT_SPEC = {
     "new_attempt": {"type": "bool", "default": False},
     "apply_changes": {"type": "bool", "default": False},
     "start_timeout_s": {"type": "float", "default": 20.0},
+    "autostop": {"type": "dict", "options": AUTOSTOP_OPTIONS},
 }
 OPTION_BOUNDS = {
     "gpus": Between(0, 1023),
@@ -533,6 +684,8 @@ def main() -> None:
     check_options(module, OPTION_BOUNDS)
     try:
         result = training_run(module.params, module.check_mode, module.warn)
+    except AutostopRefused as exc:  # the box cannot stop itself as asked: nothing was started
+        module.fail_json(msg=str(exc), run=module.params["run"], autostop_refused=True)
     except ValueError as exc:  # a value only the run spec's rules can judge: the message names the option
         module.fail_json(msg=str(exc), run=module.params["run"])
     except LaunchError as exc:

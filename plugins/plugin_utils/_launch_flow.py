@@ -5,7 +5,8 @@
 The preflight gate (this play's preflight, else the newest preflight report young enough), the runtime probe (the
 box's Python finds the runtime venv; a box that does not answer is UNREACHABLE), the code (rsync pushed over the
 connection's own SSH command, or a git checkout on the box), then one ``training_run`` call run by the runtime venv's
-Python, which starts, resumes, adopts or refuses the run. Each box call is bounded by its timeout.
+Python, which starts, resumes, adopts or refuses the run, and arms (or disarms) the box's autostop before it starts
+anything. Each box call is bounded by its timeout.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ansible_collections.remote_gpu.trainer.plugins.filter.preflight import pref
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._rsync_argv import URL_USERINFO
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _launch_lines as lines
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _rsync as rsync
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import box_cost
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import BoxUnreachable, StageError, one_line
 
 PROBE_SCRIPT = Path(__file__).resolve().parents[2] / "roles" / "runtime" / "files" / "runtime_probe.py"
@@ -188,6 +190,8 @@ class Launch:
             "pgid": None,
             "detach": None,
             "warnings": [],
+            "autostop": None,
+            "cost": box_cost(settings["hourly_usd"], None),
             "check_mode": self.check_mode,
             "changed": False,
         }
@@ -355,6 +359,9 @@ class Launch:
         )
         record = self.record
         record.update({key: answer[key] for key in MODULE_KEYS if answer.get(key) is not None})
+        self.autostop(answer)
+        # Since the box's first run (else its container) started: what this box has cost so far.
+        record["cost"] = box_cost(self.settings["hourly_usd"], answer.get("box_started_at"))
         record["launch_id"] = answer.get("launch_id") or record["launch_id"]
         record["warnings"] += [one_line(warning) for warning in answer.get("warnings") or []]
         cells = [cell for cell in answer.get("cells") or [] if isinstance(cell, Mapping)]
@@ -362,6 +369,8 @@ class Launch:
             record["cells"] = [{key: cell.get(key) for key in CELL_KEYS} for cell in cells]
         if answer.get("failed"):
             reason = _redact(one_line(answer.get("msg") or answer.get("module_stderr") or "training_run failed"))
+            if answer.get("autostop_refused"):  # the box cannot stop itself as asked: nothing started
+                raise StageError("autostop", reason)
             # The module's refusals (a changed spec, a reused name, a cell still training) name what differs.
             raise StageError("relaunch" if "changes" in answer else "training_run", reason)
         record["changed"] = record["changed"] or (bool(answer.get("changed")) and not self.check_mode)
@@ -372,3 +381,14 @@ class Launch:
                 resumed if answer.get("changed") else ("DONE" if answer.get("state") == "done" else "ALREADY_RUNNING")
             )
         return status, None, ""
+
+    def autostop(self, answer: Mapping[str, Any]) -> None:
+        """training_run's word on the box's autostop, with what launch asked of it (``asked``: arm, disarm, or None
+        when launch left it alone)."""
+        asked = self.settings["autostop"]
+        kind = None if asked is None else ("disarm" if asked.get("disarm") else "arm")
+        said = answer.get("autostop")
+        if isinstance(said, Mapping):
+            self.record["autostop"] = dict(said, asked=kind)
+        elif kind and not answer.get("failed"):
+            self.record["warnings"].append(f"launch asked training_run to {kind} autostop and it did not say it did")

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping
 
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import cost_text
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import status_summary
 
 # The steps, in order. Validation, the preflight gate and the box's own refusals (a changed spec, a reused name, an
 # orphan cell) refuse the box; a step that breaks fails it.
-STEPS = ("validate", "preflight", "probe", "code", "relaunch", "training_run")
-REFUSING_STEPS = ("validate", "preflight", "relaunch")
+STEPS = ("validate", "preflight", "probe", "code", "relaunch", "autostop", "training_run")
+REFUSING_STEPS = ("validate", "preflight", "relaunch", "autostop")
 # What a report keeps of a record: never the module's invocation, its environment or a secret.
 RECORD_KEYS = (
     "host", "status", "step", "reason", "line", "run", "launch_id", "cells", "shard", "outcome", "cells_left",
     "recopy_cells", "kept_cells", "changes", "code", "gate", "python", "attach", "pgid", "detach", "warnings",
-    "check_mode", "changed",
+    "autostop", "cost", "check_mode", "changed",
 )  # fmt: skip
 LAUNCHED = ("STARTED", "RESUMED", "ALREADY_RUNNING", "DONE")
 STATUSES = (*LAUNCHED, "REFUSED", "FAILED", "UNREACHABLE")
@@ -29,6 +30,8 @@ FAILING = ("REFUSED", "FAILED")
 OUTCOMES = {"started": "STARTED", "resumed": "RESUMED", "already_running": "ALREADY_RUNNING", "done": "DONE"}
 WOULD = {"STARTED": "would start", "RESUMED": "would resume", "ALREADY_RUNNING": "would leave it", "DONE": "nothing"}
 CELL_STATES = ("succeeded", "failed", "running", "pending")
+# The watcher's decisions worth a word on the launch line: what went wrong since it was armed.
+AUTOSTOP_TROUBLE = ("gate_failed", "failed", "unconfirmed")
 LINE_CHARS = 700
 SHOWN_NAMES = 8
 
@@ -104,6 +107,49 @@ def _gate_part(gate: Any) -> str:
     return str(gate["reason"])
 
 
+def _number(value: Any) -> Any:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _autostop_terms(autostop: Mapping[str, Any]) -> str:
+    idle, silence = _number(autostop.get("idle_minutes")), _number(autostop.get("controller_silence_hours"))
+    if idle is not None and silence is not None:
+        return f"stops the box {idle:g} min after every run is secured (dead-man: {silence:g} h without a patrol tick)"
+    if idle is not None:
+        return f"stops the box {idle:g} min after every run is secured"
+    if silence is not None:
+        return f"stops the box after {silence:g} h without a patrol tick, once every run is secured (dead-man only)"
+    return "stops the box once every run is secured"
+
+
+def _autostop_part(autostop: Any, check_mode: bool) -> str:
+    """What launch did to the box's autostop: armed, stays armed, would arm, disarmed; and a watcher in trouble."""
+    if not isinstance(autostop, Mapping):
+        return ""
+    changed, armed, terms = bool(autostop.get("changed")), bool(autostop.get("armed")), _autostop_terms(autostop)
+    asked = autostop.get("asked")
+    if asked == "disarm":
+        said = "autostop not armed" if not changed else ("would disarm autostop" if check_mode else "autostop disarmed")
+    elif asked == "arm" and changed:
+        said = f"would arm autostop: {terms}" if check_mode else f"autostop armed: {terms}"
+    elif armed:
+        said = f"autostop stays armed: {terms}"
+    elif asked == "arm":
+        said = f"autostop not armed: {autostop.get('reason') or 'training_run gave no reason'}"
+    else:
+        return ""
+    said = f"check mode: {said}" if check_mode and said.startswith("would") else said
+    decision = autostop.get("decision")
+    if isinstance(decision, Mapping) and decision.get("state") in AUTOSTOP_TROUBLE:
+        said += f" (its last decision: {decision['state']}: {decision.get('reason') or 'no reason given'})"
+    return said
+
+
+def _cost_part(record: Mapping[str, Any]) -> str:
+    cost = record.get("cost")
+    return cost_text(cost) if isinstance(cost, Mapping) else ""
+
+
 def _run_part(record: Mapping[str, Any]) -> str:
     status = record.get("status")
     parts = [_cells_part(_list(record.get("cells")))]
@@ -133,17 +179,21 @@ def line(record: Mapping[str, Any]) -> str:
     ``b1  RESUMED  abl (2 cells left; 1 re-copied): 5 cells (3 succeeded, 2 pending); ...``."""
     host, status = record.get("host", "?"), record.get("status", "?")
     if status == "UNREACHABLE":
-        return f"{host}  UNREACHABLE  {record.get('reason') or 'host unreachable'}"[:LINE_CHARS]
+        cost = _cost_part(record)  # an unreachable box bills all the same
+        head = f"{host}  UNREACHABLE  {record.get('reason') or 'host unreachable'}"
+        return (f"{head}; {cost}" if cost else head)[:LINE_CHARS]
     head = f"{host}  {status}  {record.get('run') or '?'}{_head_counts(record)}"
     shard = _shard_part(record.get("shard"))
     if status in FAILING:
         head += f" at {record.get('step')}: {record.get('reason') or 'no reason given'}"
         started = "nothing started" if record.get("step") != "training_run" else ""
         parts = [shard, started, _code_part(record.get("code"), bool(record.get("check_mode")))]
+        parts += [_autostop_part(record.get("autostop"), bool(record.get("check_mode"))), _cost_part(record)]
         shown = [part for part in parts if part]
         return (f"{head}; {'; '.join(shown)}" if shown else head).replace("\n", " ")[:LINE_CHARS]
     parts = [_run_part(record), shard, _code_part(record.get("code"), bool(record.get("check_mode")))]
     parts.append(_gate_part(record.get("gate")))
+    parts += [_autostop_part(record.get("autostop"), bool(record.get("check_mode"))), _cost_part(record)]
     shown = [part for part in parts if part]
     return (f"{head}: {'; '.join(shown)}" if shown else head).replace("\n", " ")[:LINE_CHARS]
 

@@ -29,6 +29,8 @@ decrypts a vault-encrypted secret file.
   ``secret_names`` (sorted); ``launch_id`` (``launch_id`` as given; "" means the role's own id).
 - ``preflight``: ``{skip, require, max_age_s, report_dir}``; ``runtime_python``; ``base_python``;
   ``probe_timeout_s`` (float); ``task_timeout_s``, ``sync_timeout_s`` (int); ``report_dir``.
+- ``autostop``: training_run's ``autostop`` option (also in ``module_args``, there only when not None), see
+  ``_launch_autostop``; ``hourly_usd``: the host's rate (float) or None (a bad one refuses the box).
 
 ``plain_message(message)`` tells an argument-spec message in the same plain words (for ``StageAction.in_variables``).
 """
@@ -47,7 +49,9 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import NAME_PATTERN
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _launch_autostop as autostop
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _launch_cells as cells
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import RATE_VARIABLE, hourly_rate
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._launch_cells import PREFIX, kind_of, plain
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import closest, one_line
 
@@ -104,6 +108,7 @@ ARGUMENT_SPEC: Dict[str, Any] = {
     "task_timeout_s": {"type": "int", "default": 120},
     "sync_timeout_s": {"type": "int", "default": 1800},
     "report_dir": {"type": "str", "default": "reports"},
+    **autostop.ARGUMENT_SPEC,
 }
 # Read raw from the play's variables (templates per cell), or set by the role itself: not typos.
 ROLE_VARIABLES = ("launch_command", "launch_checkpoint_dir", "launch_box", "launch_effective_id")
@@ -114,7 +119,8 @@ KNOWN_VARIABLES = frozenset((*(f"{PREFIX}{name}" for name in ARGUMENT_SPEC), *RO
 SHORT_NAMES = (
     "allow_concurrent", "apply_changes", "new_attempt", "skip_preflight", "require_preflight", "stop_on_failure",
     "gpus_per_cell", "max_parallel", "code_dir", "code_dest", "git_repo", "git_ref", "shard_hosts",
-    "optional_artifacts", "verify_cmd", "verify_artifacts", "check_finite", "checkpoint_dir",
+    "optional_artifacts", "verify_cmd", "verify_artifacts", "check_finite", "checkpoint_dir", "autostop",
+    "autostop_disarm",
 )  # fmt: skip
 # Options that, not given, take the platform profile's variable of the same name (as the role's defaults did).
 PROFILE = ("data_dir", "durable_dir", "env_hook", "detach", "preflight_report_dir")
@@ -435,7 +441,10 @@ def settings_of(
     verify_problems += _verify_artifacts_problems(options["verify_artifacts"], verify_cmd, bool(verify_problems))
     host = str(task_vars.get("inventory_hostname") or "")
     shard, shard_problems = _shard(options, task_vars, host)
-    problems += more + secret_problems + env_problems + verify_problems + shard_problems
+    stop, stop_problems = autostop.autostop_of(options, task_vars, templar, host)
+    rate, rate_problem = hourly_rate({RATE_VARIABLE: _rendered(task_vars.get(RATE_VARIABLE), templar)})
+    problems += more + secret_problems + env_problems + verify_problems + shard_problems + stop_problems
+    problems += [rate_problem] if rate_problem else []
     if problems:
         return None, problems
     index, count = (shard["index"], shard["count"]) if shard else (0, 1)
@@ -447,7 +456,7 @@ def settings_of(
         return None, problems
     extra = {
         "secrets": secret_values, "verify_cmd": verify_cmd, "verify_artifacts": options["verify_artifacts"],
-        "shard": shard,
+        "shard": shard, "autostop": stop,
     }  # fmt: skip
     return {
         "host": host,
@@ -472,4 +481,6 @@ def settings_of(
         "task_timeout_s": options["task_timeout_s"],
         "sync_timeout_s": options["sync_timeout_s"],
         "report_dir": options["report_dir"],
+        "autostop": stop,
+        "hourly_usd": rate,
     }, []

@@ -7,8 +7,11 @@ shown as unknown, never an error."""
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterable, List, Mapping
+from datetime import datetime, timezone
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import cost_text, fleet_hourly
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._patrol_billing import autostop_piece
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._patrol_record import (
     CONSOLE_ADVICE,
     STATES,
@@ -28,7 +31,7 @@ RECORD_KEYS = (
     "host", "status", "line", "reachable", "python", "error", "state", "escalate", "reasons", "problems", "actions",
     "run", "headline", "alive", "cells_done", "cells_total", "progress", "eta_s", "log_idle_s", "crash_signatures",
     "disk", "disks", "gpu", "gpu_backend", "gpu_error", "memory", "xids", "runs", "examined_runs", "runs_skipped",
-    "runs_archived", "run_filter", "msg", "check_mode",
+    "runs_archived", "run_filter", "msg", "check_mode", "box", "autostop", "cost", "cost_warning", "idle_billing",
 )  # fmt: skip
 BOX_LINE_CHARS = 600
 RUN_STATE_WORD = re.compile(r"\A[A-Z][A-Z_]*:? (?=run )")
@@ -99,11 +102,20 @@ def _gpu_part(record: Mapping[str, Any]) -> str:
     return f"gpu {' '.join(shown)}{more}"
 
 
-def line(record: Mapping[str, Any]) -> str:
-    """The box's one line."""
+def _cost_part(record: Mapping[str, Any]) -> str:
+    """What the box costs ("$4.20 so far at $2.00/h"), or why that is unknown (a bad hourly_usd)."""
+    if isinstance(record.get("cost_warning"), str):
+        return f"cost unknown: {line_of(record['cost_warning'], 120)}"
+    return cost_text(record["cost"]) if isinstance(record.get("cost"), Mapping) else ""
+
+
+def line(record: Mapping[str, Any], now: Optional[datetime] = None) -> str:
+    """The box's one line; ``now`` (the controller's UTC clock by default) dates the autostop's times."""
     host = line_of(record.get("host") or "?", 80)
+    cost = _cost_part(record)
     if record.get("state") == UNREACHABLE or not record.get("reachable", True):
-        return f"{host}  UNREACHABLE  {line_of(record.get('error') or 'unreachable', 200)}"
+        text = f"{host}  UNREACHABLE  {line_of(record.get('error') or 'unreachable', 200)}"
+        return f"{text} | {cost}" if cost else text
     state = line_of(record.get("state") or "unknown", 40).upper()
     headline = _headline(record)
     for said in (f"{state}: ", f"{state} "):  # the state is said once
@@ -113,15 +125,22 @@ def line(record: Mapping[str, Any]) -> str:
     # One run: its summary says what the headline would (the run's own state included), and more.
     named = RUN_STATE_WORD.sub("", headline, count=1)
     one = len(runs) == 1 and isinstance(runs[0].get("summary"), str) and named.startswith(f"run {runs[0].get('run')}")
-    parts = [] if one else [headline]
-    summaries = _runs_part(record)
-    if summaries:
-        parts.append(summaries)
+    tail = []
     if record.get("state") != "unknown" or record.get("disks") or record.get("gpu"):
-        parts.append(f"{_disk_part(record)}, {_gpu_part(record)}")
-    text = f"{host}  {state}  " + " | ".join(part for part in parts if part)
+        tail.append(f"{_disk_part(record)}, {_gpu_part(record)}")
+    autostop = record.get("autostop") if isinstance(record.get("autostop"), Mapping) else None
+    tail += [autostop_piece(autostop, now or datetime.now(timezone.utc)), cost]
+    ending = ""
     if record.get("escalate") is True:
-        text += f"  ESCALATED -> {', '.join(strings(record.get('actions')) or ['investigate'])}"
+        ending = f"  ESCALATED -> {', '.join(strings(record.get('actions')) or ['investigate'])}"
+    head = [] if one else [headline]
+    # The runs' summaries give way first, so the autostop, the cost and the escalation stay on a long line.
+    others = [part for part in (*head, *tail) if part]
+    room = BOX_LINE_CHARS - len(f"{host}  {state}  ") - sum(len(part) + 3 for part in others) - len(ending)
+    summaries = _runs_part(record)
+    if len(summaries) > room:
+        summaries = summaries[: max(room - 3, 0)] + "..."
+    text = f"{host}  {state}  " + " | ".join(part for part in (*head, summaries, *tail) if part) + ending
     return text if len(text) <= BOX_LINE_CHARS else text[: BOX_LINE_CHARS - 3] + "..."
 
 
@@ -144,7 +163,8 @@ def no_record(host: str) -> Dict[str, Any]:
 
 
 def summary(records: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
-    """Hosts per state, the escalated, unreachable and re-rent hosts, and one line."""
+    """Hosts per state, the escalated, unreachable and re-rent hosts, the fleet's total per hour (``hourly_usd``
+    of the hosts that set it), and one line."""
     records = list(records)
     by_state: Dict[str, int] = {}
     escalated: List[str] = []
@@ -161,6 +181,7 @@ def summary(records: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
             actions = strings(record.get("actions")) or []
             re_rent += [host] if "re_rent" in actions else []
             notes.append(f"{host} ({state}{' -> ' + ', '.join(actions) if actions else ''})")
+    hourly = fleet_hourly(records)
     order = [state for state in (*STATES, UNREACHABLE) if state in by_state]
     text = f"{len(records)} hosts" + (": " + ", ".join(f"{by_state[s]} {s}" for s in order) if order else "")
     if escalated:
@@ -169,7 +190,9 @@ def summary(records: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
         text += f"; re-rent: {', '.join(re_rent)}"
     if down:
         text += f"; unreachable: {', '.join(down)}"
+    if hourly is not None:
+        text += f"; {cost_text({'hourly_usd': hourly})}"
     return {
         "hosts": len(records), "by_state": {s: by_state[s] for s in order}, "escalated": escalated,
-        "unreachable": down, "re_rent": re_rent, "line": text,
+        "unreachable": down, "re_rent": re_rent, "hourly_usd_total": hourly, "line": text,
     }  # fmt: skip

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._cells import finite as number
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._patrol_decide import STATE_ORDER
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._patrol_billing import autostop_facts, box_facts
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import one_line as line_of
 
 # Worst first, as patrol_facts orders them; "unreachable" is the controller's own state for a host that never
@@ -27,8 +28,10 @@ MAX_RUNS_KEPT = 200
 FACT_KEYS = (
     "state", "escalate", "reasons", "problems", "actions", "run", "headline", "alive", "cells_done", "cells_total",
     "progress", "eta_s", "log_idle_s", "crash_signatures", "disk", "disks", "gpu", "gpu_backend", "gpu_error",
-    "memory", "xids", "runs", "examined_runs", "runs_skipped", "runs_archived", "run_filter", "msg",
+    "memory", "xids", "runs", "examined_runs", "runs_skipped", "runs_archived", "run_filter", "msg", "box", "autostop",
 )  # fmt: skip
+# The controller's own keys: the box's cost (hourly_usd), a bad rate's one line, and idle_billing.
+MONEY_KEYS = ("cost", "cost_warning", "idle_billing")
 LIST_KEYS = ("crash_signatures", "disks", "gpu", "xids", "runs")
 DICT_KEYS = ("progress", "disk", "memory")
 COUNT_KEYS = ("alive", "cells_done", "cells_total", "runs_skipped", "runs_archived")
@@ -53,7 +56,7 @@ def dicts(value: Any) -> List[Dict[str, Any]]:
 
 def base(host: str, python: Optional[str] = None) -> Dict[str, Any]:
     """The record's shape with nothing known: every key the report, the lines and the notifier read."""
-    record: Dict[str, Any] = dict.fromkeys(FACT_KEYS)
+    record: Dict[str, Any] = dict.fromkeys((*FACT_KEYS, *MONEY_KEYS))
     record.update({key: [] for key in LIST_KEYS})
     record.update(reasons=[], problems=[], actions=[], escalate=False, examined_runs=[])
     record.update(host=host, reachable=True, python=python)
@@ -118,6 +121,9 @@ def _copy_fields(facts: Mapping[str, Any], record: Dict[str, Any]) -> List[str]:
         record[key] = dicts(value)[:MAX_RUNS_KEPT]
         if value is not None and (not isinstance(value, list) or len(dicts(value)) != len(value)):
             ignored.append(key)
+    for key, check in (("box", box_facts), ("autostop", autostop_facts)):
+        record[key], usable = check(facts.get(key))
+        ignored += [] if usable else [key]
     return ignored
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import posixpath
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import NAME_PATTERN
 
@@ -31,7 +31,12 @@ ARGUMENT_SPEC: Dict[str, Any] = {
     "max_scan_bytes": {"type": "int", "default": 67108864},
     "timeout_s": {"type": "float", "default": 10},
     "python": {"type": "str", "default": ""},
+    # A number of minutes or null (off): raw, since the argument spec's float refuses null.
+    "idle_billing_minutes": {"type": "raw", "default": 60},
 }
+# The controller's own options: never passed to patrol_facts.
+CONTROLLER_OPTIONS = ("python", "idle_billing_minutes")
+IDLE_BILLING_MAX_MINUTES = 43200  # 30 days
 # Variables the role and its playbook set or register: not typos.
 ROLE_VARIABLES = (
     "patrol_hosts", "patrol_box", "patrol_report_dir", "patrol_state_file", "patrol_notify_webhook_url",
@@ -69,6 +74,10 @@ def problems_of(args: Mapping[str, Any]) -> List[str]:
             problems.append(
                 f"patrol_{option} must be {'above' if above_low else 'at least'} {low} and at most {high}, got {value}"
             )
+    try:
+        idle_billing_minutes(args["idle_billing_minutes"])
+    except ValueError as error:
+        problems.append(str(error))
     for index, pattern in enumerate(args["crash_patterns"]):
         if set(pattern) != {"name", "regex"} or not all(isinstance(v, str) for v in pattern.values()):
             problems.append(
@@ -77,9 +86,25 @@ def problems_of(args: Mapping[str, Any]) -> List[str]:
     return problems
 
 
+def idle_billing_minutes(value: Any) -> Optional[float]:
+    """The option's minutes, None when off (null, or "null" from ``-e``); ValueError naming the role variable."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none")):
+        return None
+    try:
+        minutes = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        minutes = math.nan
+    if not (math.isfinite(minutes) and 0 < minutes <= IDLE_BILLING_MAX_MINUTES):
+        raise ValueError(
+            f"patrol_idle_billing_minutes must be a number of minutes above 0 and at most {IDLE_BILLING_MAX_MINUTES}, "
+            f"or null to turn idle_billing off, got {value!r}"
+        )
+    return minutes
+
+
 def module_args(args: Mapping[str, Any]) -> Dict[str, Any]:
     """patrol_facts' arguments: empty strings are the module's defaults."""
-    module = {key: value for key, value in args.items() if key != "python" and value != ""}
+    module = {key: value for key, value in args.items() if key not in CONTROLLER_OPTIONS and value != ""}
     module["venv"] = posixpath.join(args["data_dir"], VENV)
     return module
 

@@ -20,6 +20,8 @@ from ansible.errors import AnsibleConnectionFailure
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import cost_text, fleet_hourly
+
 REASON_CHARS = 300
 _UNCONVERTIBLE = re.compile(r"argument '?([\w.]+)'? is of type (\w+) and we were unable to convert to (\w+).*", re.S)
 
@@ -75,7 +77,8 @@ def status_summary(
     records: List[Mapping[str, Any]], statuses: Iterable[str], named: Iterable[str], stepped: Iterable[str]
 ) -> Dict[str, Any]:
     """A stage's fleet summary: hosts per status in ``statuses`` order, the ``stepped`` ones with the step that
-    stopped them and the ``named`` ones by name in the line, the changed hosts, and the line."""
+    stopped them and the ``named`` ones by name in the line, the changed hosts, the fleet's total per hour of the
+    records with a ``cost`` (None when none has one), and the line."""
     by_status: Dict[str, List[str]] = {status: [] for status in statuses}
     for record in records:
         by_status.setdefault(str(record.get("status")), []).append(str(record.get("host")))
@@ -87,11 +90,15 @@ def status_summary(
     for status in named:
         if by_status[status]:
             text += f"; {status.lower()}: {', '.join(by_status[status])}"
+    hourly = fleet_hourly(records)
+    if hourly is not None:
+        text += f"; {cost_text({'hourly_usd': hourly})}"
     return {
         "hosts": len(records),
         "counts": {status: len(hosts) for status, hosts in by_status.items() if hosts},
         **{status.lower(): hosts for status, hosts in by_status.items()},
         "changed": [record.get("host") for record in records if record.get("changed")],
+        "hourly_usd_total": hourly,
         "line": text,
     }
 

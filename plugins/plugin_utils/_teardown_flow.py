@@ -20,6 +20,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _meter_stop as meter
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _rsync as rsync
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_settings as options
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import box_cost, hourly_rate
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import StageError, one_line
 
 try:
@@ -43,6 +44,9 @@ class Teardown:
         self.check_mode = bool(action._task.check_mode)
         self.gate: Dict[str, Any] = {}
         self.pulled: Dict[str, str] = {}  # run -> controller copy
+        # A bad hourly_usd only loses the cost: the teardown itself goes on, with a warning.
+        self.rate, rate_problem = hourly_rate(task_vars)
+        self.since: Optional[str] = None  # the box's start, told by the gate
         verb = settings.verb
         self.record: Dict[str, Any] = {
             "host": host,
@@ -60,9 +64,10 @@ class Teardown:
             "load_verify": None,
             "scratch": None,
             "meter_stop": None,
-            "warnings": [],
+            "warnings": [rate_problem] if rate_problem else [],
             "data_loss_clocks": list(settings["data_loss_clocks"]),
             "changed": False,
+            "cost": box_cost(self.rate, None),
         }
 
     def run(self, warn: Callable[[str], None]) -> Tuple[str, Optional[str], str]:
@@ -83,6 +88,7 @@ class Teardown:
             )
         self.scratch(preview)
         status = self.stop_meter(preview)
+        self.record["cost"] = box_cost(self.rate, self.since)  # up to the meter-stop
         if self.check_mode:
             return "CHECKED", None, "" if confirmed else why
         if not confirmed:
@@ -141,6 +147,9 @@ class Teardown:
                 answer = self.action.box_module("teardown_gate", self.gate_args(), self.task_vars)
         self.gate = answer
         self.record["gate"] = _gate_record(answer)
+        instance = answer.get("instance")
+        self.since = instance.get("box_started_at") if isinstance(instance, Mapping) else None
+        self.record["cost"] = box_cost(self.rate, self.since)
         if answer.get("failed") and not answer.get("step"):
             raise StageError("run_alive", f"teardown_gate failed: {answer.get('msg') or 'no message'}")
         if answer.get("passed") is not True:

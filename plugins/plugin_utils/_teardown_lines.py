@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, Dict, Iterable, List, Mapping
 
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import cost_text
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import status_summary
 
 # The steps, in order. A gate step refuses the box, the confirmation leaves it unconfirmed, an action fails it.
@@ -29,7 +30,7 @@ GATE_STEPS = (
 RECORD_KEYS = (
     "host", "status", "step", "reason", "line", "runs", "check_mode", "platform", "stop_meter", "verb", "irreversible",
     "instance_id", "confirmed", "gate", "stop_running", "pull", "load_verify", "scratch", "meter_stop", "warnings",
-    "data_loss_clocks", "changed",
+    "data_loss_clocks", "changed", "cost",
 )  # fmt: skip
 STATUSES = ("TORN_DOWN", "CLEANED", "CHECKED", "UNCONFIRMED", "STOP_BY_HAND", "REFUSED", "FAILED", "UNREACHABLE")
 # The statuses the verdict step fails: the box still bills, or something went wrong.
@@ -138,11 +139,18 @@ def _instance_part(gate: Mapping[str, Any], record: Mapping[str, Any]) -> str:
 
 
 def line(record: Mapping[str, Any]) -> str:
-    """Host, status, runs, and each step's evidence (or why the box stopped, and that nothing after it ran)."""
+    """Host, status, runs, each step's evidence (or why the box stopped, and that nothing after it ran), and what
+    the box cost up to now; the cost is kept when the rest is cut."""
+    cost = cost_text(record.get("cost") if isinstance(record.get("cost"), Mapping) else None)
+    tail = f"; {cost}" if cost else ""
+    return _evidence(record)[: LINE_CHARS - len(tail)] + tail
+
+
+def _evidence(record: Mapping[str, Any]) -> str:
     host, status = record.get("host", "?"), record.get("status", "?")
     runs = ",".join(str(run) for run in record.get("runs") or []) or "?"
     if status == "UNREACHABLE":
-        return f"{host}  UNREACHABLE  {record.get('reason') or 'host unreachable'}"[:LINE_CHARS]
+        return f"{host}  UNREACHABLE  {record.get('reason') or 'host unreachable'}"
     gate = record.get("gate") or {}
     parts = [_gate_part(gate)] if gate.get("passed") else []
     parts += [_instance_part(gate, record)] if gate.get("passed") else []
@@ -158,7 +166,7 @@ def line(record: Mapping[str, Any]) -> str:
         parts.append(f"nothing done: {record.get('reason')}")
     shown = [part for part in parts if part]
     joined = f"{head}{';' if status in ('REFUSED', 'FAILED') else ':'} " + "; ".join(shown) if shown else head
-    return joined.replace("\n", " ")[:LINE_CHARS]
+    return joined.replace("\n", " ")
 
 
 def lines(record: Mapping[str, Any]) -> List[str]:

@@ -9,9 +9,11 @@ One script, several faces, chosen by the name it is called by (tests symlink it 
            | show instances [--raw]
     curl [-sS] [--fail-with-body] [--max-time N] -H @HEADER_FILE [-H H] [-d BODY] URL   (Lambda Cloud API v1:
            GET .../instances, GET .../instances/ID, POST .../instance-operations/terminate)
-    fake_provider.py install BIN_DIR [--faces FACE ...]   (BIN_DIR/<face>: symlinks to a copy of this script whose
-                                                           shebang is the Python that ran install; default faces
-                                                           runpodctl and vastai, so a real curl is not shadowed)
+    fake_provider.py install BIN_DIR [--faces FACE ...] [--state FILE]
+                         (BIN_DIR/<face>: symlinks to a copy of this script whose shebang is the Python that ran
+                          install; default faces runpodctl and vastai, so a real curl is not shadowed; --state FILE:
+                          the copy's faces use FILE when FAKE_PROVIDER_STATE is unset, as on a box whose PATH has
+                          them but whose environment is the platform's own)
     fake_provider.py add [--state FILE] ID [--status running|exited] [--behaviour normal|sticky|fail|hang]
                          [--settle-polls N] [--print TEXT]
     fake_provider.py set [--state FILE] [--vastai-release new|old] [--status-fault none|traceback|auth]
@@ -19,8 +21,10 @@ One script, several faces, chosen by the name it is called by (tests symlink it 
 
 The state is a JSON file named by env FAKE_PROVIDER_STATE (``--state`` for the admin commands), read and written
 under an flock on FILE.lock and replaced atomically; a missing file holds no instance. Every call of the provider
-faces (never the admin ones) is appended as one JSON line ``{"argv": [name, args...], "at": ISO UTC}`` to env
-FAKE_PROVIDER_CALLS (default: FILE.calls.jsonl next to the state file) before anything else happens.
+faces (never the admin ones) is appended as one JSON line ``{"argv": [name, args...], "at": ISO UTC, "key_env":
+NAME|null}`` to env FAKE_PROVIDER_CALLS (default: FILE.calls.jsonl next to the state file) before anything else
+happens. ``key_env`` names the API key variable the real CLI reads (RUNPOD_API_KEY for runpodctl, VAST_API_KEY for
+vastai) when it was set and not empty, else null (never for curl): which key a caller passed, never its value.
 
 Dialects follow the real CLIs. RunPod (runpodctl v2, JSON output): ``pod stop`` sets desiredStatus EXITED, ``pod
 delete`` removes the pod, ``pod get`` prints {"id", "name", "desiredStatus", ...} (an unknown id: a JSON error on
@@ -69,6 +73,9 @@ FAULTS = ("none", "traceback", "auth")
 LAMBDA_KEY = "fake-lambda-key"
 State = Dict[str, Any]
 HANG = "\0hang"  # what a verb of a hanging instance returns: no printable output is this
+KEY_ENV = {"runpodctl": "RUNPOD_API_KEY", "vastai": "VAST_API_KEY"}  # where each real CLI finds its API key
+# `install --state FILE` writes FILE here in its copy of this script: the faces need no FAKE_PROVIDER_STATE then.
+INSTALLED_STATE: Optional[str] = None
 
 
 class Refused(Exception):
@@ -84,7 +91,7 @@ def _utc() -> str:
 
 
 def _state_path(explicit: Optional[str] = None) -> str:
-    path = explicit or os.environ.get("FAKE_PROVIDER_STATE", "")
+    path = explicit or os.environ.get("FAKE_PROVIDER_STATE", "") or INSTALLED_STATE or ""
     if not path:
         sys.exit("fake_provider: set FAKE_PROVIDER_STATE (or --state) to the state file")
     return path
@@ -129,7 +136,9 @@ def _write(path: str, state: State) -> None:
 
 def _record(face: str, args: List[str], state_path: str) -> None:
     calls = os.environ.get("FAKE_PROVIDER_CALLS") or f"{state_path}.calls.jsonl"
-    line = json.dumps({"argv": [face, *args], "at": _utc()}) + "\n"
+    key = KEY_ENV.get(face)
+    line = json.dumps({"argv": [face, *args], "at": _utc(), "key_env": key if key and os.environ.get(key) else None})
+    line += "\n"
     with open(calls, "a", encoding="utf-8") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         handle.write(line)
@@ -467,12 +476,17 @@ def provider(face: str, args: List[str]) -> int:
     return 0
 
 
-def _install(bin_dir: str, faces: List[str]) -> None:
+def _install(bin_dir: str, faces: List[str], state: Optional[str] = None) -> None:
     """BIN_DIR/.fake_provider.py, a copy whose shebang is the Python running this (no PATH lookup, no exec bit needed
-    on the checkout), and a symlink to it per face."""
+    on the checkout) and whose INSTALLED_STATE is ``state``, and a symlink to it per face."""
     os.makedirs(bin_dir, exist_ok=True)
     with open(os.path.abspath(__file__), encoding="utf-8") as handle:
         body = handle.read().split("\n", 1)[1]
+    if state is not None:
+        default = "INSTALLED_STATE: Optional[str] = None\n"
+        if body.count(default) != 1:
+            sys.exit("fake_provider: install --state: this copy has no INSTALLED_STATE line to set")
+        body = body.replace(default, f"INSTALLED_STATE: Optional[str] = {os.path.abspath(state)!r}\n")
     script = os.path.join(os.path.abspath(bin_dir), ".fake_provider.py")
     with open(script, "w", encoding="utf-8") as handle:
         handle.write(f"#!{sys.executable}\n{body}")
@@ -490,6 +504,7 @@ def _admin(argv: List[str]) -> int:
     install = sub.add_parser("install", help="symlink the faces into BIN_DIR")
     install.add_argument("bin_dir")
     install.add_argument("--faces", nargs="+", choices=FACES, default=list(DEFAULT_FACES))
+    install.add_argument("--state", default=None, help="the state file the faces use without FAKE_PROVIDER_STATE")
     add = sub.add_parser("add", help="add or replace an instance")
     add.add_argument("--state", default=None)
     add.add_argument("ident", metavar="ID")
@@ -506,7 +521,7 @@ def _admin(argv: List[str]) -> int:
     show.add_argument("ident", metavar="ID", nargs="?")
     opts = parser.parse_args(argv)
     if opts.command == "install":
-        _install(opts.bin_dir, opts.faces)
+        _install(opts.bin_dir, opts.faces, opts.state)
         return 0
     path = _state_path(opts.state)
     if opts.command == "add":

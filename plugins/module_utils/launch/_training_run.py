@@ -8,7 +8,8 @@ nor two runs where ``allow_concurrent`` is off. A run name that was torn down, o
 launch, is refused unless the user asks for a new attempt (``_launch_attempt``); a launch over the box's own copy of
 the run (a changed spec, a dead runner's cells still training) is decided by ``_relaunch``. The runner (``_runner``)
 does the cells; this side writes its input (``spec.json``, ``.secrets.json``), installs its code, detaches it and
-reads back the run's state. Secrets reach only the 0600 file: never a message, a result or another file. Pure
+reads back the run's state. Secrets reach only the 0600 file: never a message, a result or another file. With the
+``autostop`` option the box is armed (``_autostop_arm``) before anything starts: a refused arm starts nothing. Pure
 standard library.
 """
 
@@ -17,13 +18,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import shutil
-import signal
-import sys
-import time
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.autostop._autostop_arm import Arming, apply, prepare
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.box._box_since import box_started_at
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._command import subprocess_runner
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._deadline import run_with_deadline
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _run_detach as detach
@@ -37,6 +36,13 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch._relaunc
     archived_text,
     decide_start,
     summary,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch._runner_start import (
+    LaunchError,
+    detach_kind,
+    start_runner,
+    tmux_ready,
+    wait_registered,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._run_state import (
     OnDisk,
@@ -55,7 +61,6 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runspec
     RunSpec,
     load_spec,
     parse_spec,
-    runner_log,
     secrets_json,
     spec_json,
 )
@@ -66,22 +71,12 @@ GPU_TIMEOUT_S = 10.0
 DATA_DIR_TIMEOUT_S = 10.0
 LOCK_MARGIN_S = 30.0  # another launch holds the lock for at most its start_timeout_s, plus its writes
 STOP_SETTLE_S = 10.0  # after stop_grace_s, the runner still writes its cells' results and exits
-LOG_TAIL_LINES = 3
-POLL_S = 0.05
 # The keys spec.json takes from the module's options as they are.
 SPEC_OPTIONS = (
     "run", "data_dir", "durable_dir", "workdir", "env_hook", "conda_env", "gpus_per_cell", "max_parallel", "prune",
     "artifacts", "optional_artifacts", "verify_cmd", "verify_artifacts", "verify_timeout_s", "check_finite",
     "stop_on_failure", "stop_grace_s", "monitor_interval_s", "monitor_max_bytes", "shard", "launch_id",
 )  # fmt: skip
-
-
-class LaunchError(Exception):
-    """The module fails with this one-line message (never a secret) and these facts."""
-
-    def __init__(self, message: str, facts: Optional[Dict[str, Any]] = None) -> None:
-        super().__init__(message)
-        self.facts = facts or {}
 
 
 def detect_gpus(runner: Callable[[List[str], float], Tuple[int, str, str]] = subprocess_runner) -> List[int]:
@@ -174,116 +169,8 @@ def write_run_files(spec: RunSpec, secrets: Mapping[str, str]) -> str:
     return detach.install_runner(spec.run_dir, RUNNER_MODULES, RUN_PY)
 
 
-def _log_tail(path: str, secrets: Mapping[str, str]) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(max(0, os.fstat(handle.fileno()).st_size - 8192))
-            lines = handle.read().decode("utf-8", errors="replace").splitlines()[-LOG_TAIL_LINES:]
-    except OSError:
-        return ""
-    text = " | ".join(line.strip()[:300] for line in lines if line.strip())
-    for value in sorted(secrets.values(), key=len, reverse=True):
-        text = text.replace(value, "<redacted>")
-    return f"; runner.log: {text}" if text else ""
-
-
-def _tmux_ready(tmux: str, run: str) -> None:
-    """A session of this name without a live runner: its dead panes are cleared, a live pane refuses the start."""
-    session = detach.tmux_session(run)
-    panes = detach.tmux_panes(tmux, session, os.environ)
-    if panes is None:
-        return
-    alive = [pid for dead, pid in panes if not dead]
-    if alive:
-        raise LaunchError(
-            f"tmux session {session} exists (pane pid {alive[0]}) but run {run} has no live runner; "
-            f"end it (tmux kill-session -t {session}) or set detach: setsid"
-        )
-    detach.kill_tmux_session(tmux, session, os.environ)
-
-
-@dataclass(frozen=True)
-class Detached:
-    """How a runner was just started: ``how`` (tmux / setsid), the tmux binary, its pid, when, and the started_at of
-    the run.json it replaces (a dead runner's, on a resume)."""
-
-    how: str
-    tmux: Optional[str]
-    pid: Optional[int]
-    since: float
-    previous: Optional[str]
-
-    def gone(self, run: str) -> bool:
-        """The runner already ended: its tmux session has no live pane, or its pid is gone."""
-        if self.how == "tmux" and self.tmux is not None:
-            panes = detach.tmux_panes(self.tmux, detach.tmux_session(run), os.environ)
-            return panes is None or all(dead for dead, _pid in panes)
-        return self.pid is None or not detach.pid_alive(self.pid)
-
-    def stop(self, run: str) -> None:
-        if self.how == "tmux" and self.tmux is not None:
-            detach.kill_tmux_session(self.tmux, detach.tmux_session(run), os.environ)
-        elif self.pid is not None:
-            with contextlib.suppress(OSError):
-                os.kill(self.pid, signal.SIGKILL)
-
-
-def start_runner(spec: RunSpec, how: str, tmux: Optional[str], run_py: str, previous: Optional[str]) -> Detached:
-    """Detach the runner with the interpreter that runs this module (the runtime venv's, in the role)."""
-    argv = [sys.executable, run_py, spec.run_dir]
-    env = dict(os.environ, RGT_DETACH=how)
-    since = time.time()
-    if how == "tmux" and tmux is not None:
-        session = detach.tmux_session(spec.run)
-        detach.start_tmux(tmux, session, argv, env, spec.run_dir)
-        panes = detach.tmux_panes(tmux, session, os.environ)  # the pane's process is the runner (env execs it)
-        return Detached(how, tmux, panes[0][1] if panes else None, since, previous)
-    pid = detach.start_setsid(argv, env, spec.run_dir, runner_log(spec.run_dir))
-    return Detached(how, None, pid, since, previous)
-
-
-def _registered_since(spec: RunSpec, started: Detached) -> Optional[OnDisk]:
-    """The run's state once run.json is the new runner's (its pid; or, unknown, written since the start), else None."""
-    disk = OnDisk(spec.data_dir, spec.run)
-    run = disk.registered
-    if run is None:
-        return None
-    if started.pid is not None:
-        return disk if started.pid in run.pids else None
-    fresh = disk.record.get("started_at") != started.previous and (run.started_at or 0.0) >= started.since - 0.5
-    return disk if fresh else None
-
-
-def wait_registered(spec: RunSpec, started: Detached, timeout_s: float, secrets: Mapping[str, str]) -> OnDisk:
-    """Until the new runner's run.json names a live pid (or it already finished); LaunchError when it died first."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        disk = _registered_since(spec, started)
-        if disk is not None:
-            return disk
-        gone = started.gone(spec.run)
-        if gone or time.monotonic() >= deadline:
-            disk = _registered_since(spec, started)  # it may have registered and ended between two looks
-            if disk is not None:
-                return disk
-            tail = _log_tail(runner_log(spec.run_dir), secrets)
-            if gone:
-                raise LaunchError(f"the runner of {spec.run} ended before it registered in run.json{tail}")
-            started.stop(spec.run)
-            raise LaunchError(f"the runner of {spec.run} did not register within {timeout_s:g} s (stopped it){tail}")
-        time.sleep(POLL_S)
-
-
-def _detach_kind(requested: str) -> Tuple[str, Optional[str]]:
-    tmux = shutil.which("tmux")
-    if requested == "tmux" and tmux is None:
-        raise LaunchError("detach is tmux but tmux is not installed on this box; use detach: auto or setsid")
-    return ("tmux", tmux) if requested in ("auto", "tmux") and tmux else ("setsid", None)
-
-
-def started(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], None]) -> Dict[str, Any]:
-    gpus = params.get("gpus")
-    spec, secrets = build_spec(params, list(gpus) if gpus is not None else detect_gpus())
+def _probe_box(spec: RunSpec, check_mode: bool, warn: Callable[[str], None]) -> None:
+    """What the run needs on the box before anything is decided: its directories, env_hook and workdir."""
     _probe_data_dir(spec.data_dir)
     _probe_durable_dir(spec)
     if spec.env_hook and not os.access(spec.env_hook, os.R_OK):
@@ -292,7 +179,30 @@ def started(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], N
         if not check_mode:
             raise LaunchError(f"workdir {spec.workdir} is not a directory (bring the code first)")
         warn(f"workdir {spec.workdir} is not a directory yet")
-    how, tmux = _detach_kind(params.get("detach") or "auto")
+
+
+def _arming(params: Mapping[str, Any]) -> Optional[Arming]:
+    """The ``autostop`` option validated and checked on the box (AutostopRefused, a ValueError); None when unset."""
+    options = params.get("autostop")
+    if options is None:
+        return None
+    where = {key: params.get(key) for key in ("data_dir", "durable_dir", "run", "launch_id")}
+    return prepare(dict(options, **where))
+
+
+def _with_autostop(result: Dict[str, Any], autostop: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    if autostop is None:
+        return dict(result, autostop=None)
+    changed = bool(result.get("changed")) or autostop["changed"]
+    return dict(result, autostop=autostop, changed=changed, msg=f"{result['msg']}; autostop: {autostop['reason']}")
+
+
+def started(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], None]) -> Dict[str, Any]:
+    gpus = params.get("gpus")
+    spec, secrets = build_spec(params, list(gpus) if gpus is not None else detect_gpus())
+    _probe_box(spec, check_mode, warn)
+    how, tmux = detach_kind(params.get("detach") or "auto")
+    arming = _arming(params)
     start_timeout_s = params["start_timeout_s"]
     # Another launch holds the lock while its runner registers (a dead runner's cells are refused, never waited on).
     lock = launch_lock(spec.data_dir, start_timeout_s + LOCK_MARGIN_S)
@@ -302,13 +212,15 @@ def started(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], N
                 decision = decide_start(spec, params, how, check_mode, warn)
             except RelaunchRefused as exc:
                 raise LaunchError(str(exc), exc.facts) from exc
+            # Armed before the runner starts: a run never goes unwatched, and a failed arm starts nothing.
+            autostop = None if arming is None else apply(replace(arming, launch_id=decision.spec.launch_id), check_mode)
             if decision.result is not None:
-                return decision.result
+                return _with_autostop(decision.result, autostop)
             spec, attempt = decision.spec, decision.attempt
             archived = [item.as_fact() for item in attempt.archives]
             try:
                 if how == "tmux" and tmux is not None:
-                    _tmux_ready(tmux, spec.run)
+                    tmux_ready(tmux, spec.run)
                 archive(attempt)
                 try:
                     run_py = write_run_files(spec, secrets)
@@ -333,7 +245,7 @@ def started(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], N
     msg = f"run {spec.run} {relaunch.outcome} ({where}): {summary(relaunch)}"
     if not disk.live:
         msg += f"; its runner already ended ({result['state']})"
-    return dict(result, msg=msg + archived_text(attempt, False))
+    return _with_autostop(dict(result, msg=msg + archived_text(attempt, False)), autostop)
 
 
 def stopped(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], None]) -> Dict[str, Any]:
@@ -342,6 +254,8 @@ def stopped(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], N
         raise ValueError(f"data_dir must be an absolute path, not {data_dir!r}")
     run_dir(data_dir, run)  # ValueError for a bad name
     _probe_data_dir(data_dir)
+    arming = _arming(params)
+    autostop = None if arming is None else apply(arming, check_mode)
     disk = OnDisk(data_dir, run)
     if disk.problem:
         warn(disk.problem)
@@ -356,11 +270,11 @@ def stopped(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], N
     target = disk.registered if disk.live and disk.registered is not None else Run(run, disk.run_dir)
     leftovers = [] if disk.live else detach.run_members(target, markers)
     if not disk.live and not leftovers:
-        return dict(result, changed=False, msg=f"run {run} is not running ({disk.state})")
+        return _with_autostop(dict(result, changed=False, msg=f"run {run} is not running ({disk.state})"), autostop)
     grace = params["stop_grace_s"]
     what = f"run {run} (pgid {result['pgid']})" if disk.live else f"{len(leftovers)} process(es) left by run {run}"
     if check_mode:
-        return dict(result, changed=True, msg=f"would stop {what}, SIGKILL after {grace:g} s")
+        return _with_autostop(dict(result, changed=True, msg=f"would stop {what}, SIGKILL after {grace:g} s"), autostop)
     outcome = detach.stop_run(target, grace, markers, STOP_SETTLE_S)
     after = OnDisk(data_dir, run)
     result = dict(facts(spec, data_dir, run, after), **launch, detach=result["detach"], changed=True)
@@ -368,11 +282,14 @@ def stopped(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], N
         pids = ", ".join(str(pid) for pid in outcome.left[:10])
         raise LaunchError(f"run {run}: {len(outcome.left)} process(es) survived SIGKILL: {pids}", result)
     killed = f", {len(outcome.killed)} needed SIGKILL" if outcome.killed else ""
-    return dict(result, state=after.state, msg=f"stopped {what}: {outcome.found} process(es){killed}")
+    return _with_autostop(
+        dict(result, state=after.state, msg=f"stopped {what}: {outcome.found} process(es){killed}"), autostop
+    )
 
 
 def training_run(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], None]) -> Dict[str, Any]:
-    """The module's work; ValueError (a bad option) and LaunchError carry the one-line failure message."""
-    if params.get("state") == "stopped":
-        return stopped(params, check_mode, warn)
-    return started(params, check_mode, warn)
+    """The module's work; ValueError (a bad option, a refused autostop) and LaunchError carry the one-line failure
+    message. ``box_started_at``: since when the box bills, for the controller's cost."""
+    work = stopped if params.get("state") == "stopped" else started
+    result = work(params, check_mode, warn)
+    return dict(result, box_started_at=box_started_at(params["data_dir"]))

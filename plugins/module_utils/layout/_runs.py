@@ -17,7 +17,7 @@ import re
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._deadline import run_with_deadline
 
@@ -27,6 +27,8 @@ TOMBSTONE_DIR = ".torn_down"
 # Runs retired by run_archive, each moved whole to <run>-<UTC stamp> (its record beside it as <run>-<stamp>.json).
 ARCHIVE_DIR = ".archive"
 ARCHIVE_STAMP = "%Y%m%dT%H%M%SZ"
+# The autostop watcher's directory under <data_dir>/runs (a leading dot: never a run).
+AUTOSTOP_DIR = ".autostop"
 ARCHIVED_PATTERN = re.compile(r"^(?P<run>[A-Za-z0-9][A-Za-z0-9_.-]{0,63})-(?P<stamp>\d{8}T\d{6}Z)$")
 # The durable copy of a run: its manifest, the lock taken while writing it, and the launch that owns it.
 MANIFEST_NAME = "MANIFEST.sha256"
@@ -104,6 +106,27 @@ def tombstone_path(data_dir: str, run: str) -> str:
 def durable_run_dir(durable_dir: str, run: str) -> str:
     """``<durable_dir>/runs/<run>``: the run's synced artifacts and its MANIFEST.sha256."""
     return os.path.join(durable_dir, "runs", _checked_name("run", run))
+
+
+def autostop_dir(data_dir: str) -> str:
+    """``<data_dir>/runs/.autostop``: the autostop watcher's code (``runner/run.py``), ``armed.json``,
+    ``watch.log``, ``watch.lock`` and ``arm.lock``."""
+    return os.path.join(runs_root(data_dir), AUTOSTOP_DIR)
+
+
+def autostop_armed_path(data_dir: str) -> str:
+    """``<data_dir>/runs/.autostop/armed.json``: the armed configuration, written only by arming."""
+    return os.path.join(autostop_dir(data_dir), "armed.json")
+
+
+def autostop_path(data_dir: str) -> str:
+    """``<data_dir>/runs/.autostop.json``: the watcher's decision and its stop's outcome, written only by it."""
+    return os.path.join(runs_root(data_dir), ".autostop.json")
+
+
+def patrol_tick_path(data_dir: str) -> str:
+    """``<data_dir>/runs/.patrol-tick.json``: patrol_facts' tick, the autostop dead-man clock's heartbeat."""
+    return os.path.join(runs_root(data_dir), ".patrol-tick.json")
 
 
 @dataclass(frozen=True)
@@ -401,8 +424,9 @@ def read_run_registry(data_dir: Optional[str], timeout_s: float = REGISTRY_TIMEO
             if len(text) > MAX_RUN_JSON_BYTES:
                 raise ValueError(f"larger than {MAX_RUN_JSON_BYTES} bytes")
             runs.append(parse_run(os.path.basename(os.path.dirname(path)), path, json.loads(text)))
-        except ValueError as exc:  # json.JSONDecodeError is a ValueError
-            problems.append(f"{path}: {exc}")
+        # json.JSONDecodeError is a ValueError; a date past year 9999 once made local overflows; nesting recurses.
+        except (ValueError, OverflowError, RecursionError) as exc:
+            problems.append(f"{path}: {type(exc).__name__ if isinstance(exc, RecursionError) else exc}")
     return runs, problems
 
 
@@ -421,11 +445,11 @@ def launch_lock_path(data_dir: str) -> str:
 
 
 @contextlib.contextmanager
-def launch_lock(data_dir: str, timeout_s: float) -> Iterator[None]:
-    """The box's launch lock (an flock); LaunchLockBusy when another holder keeps it longer than ``timeout_s``."""
-    path = launch_lock_path(data_dir)
+def exclusive_lock(path: str, timeout_s: float, mode: int, busy: Callable[[], Exception]) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (created with ``mode``) for the block, trying every 0.1 s; ``busy()`` is
+    raised when another holder keeps it longer than ``timeout_s``."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -434,9 +458,15 @@ def launch_lock(data_dir: str, timeout_s: float) -> Iterator[None]:
                 break
             except BlockingIOError as exc:
                 if time.monotonic() >= deadline:
-                    message = f"another launch on this box held {path} for more than {timeout_s:g} s"
-                    raise LaunchLockBusy(message) from exc
+                    raise busy() from exc
                 time.sleep(0.1)
         yield
     finally:
         os.close(fd)
+
+
+def launch_lock(data_dir: str, timeout_s: float) -> ContextManager[None]:
+    """The box's launch lock (an flock); LaunchLockBusy when another holder keeps it longer than ``timeout_s``."""
+    path = launch_lock_path(data_dir)
+    message = f"another launch on this box held {path} for more than {timeout_s:g} s"
+    return exclusive_lock(path, timeout_s, 0o644, lambda: LaunchLockBusy(message))

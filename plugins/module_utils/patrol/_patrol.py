@@ -4,9 +4,10 @@
 
 Three rounds of forked probes (``_deadline.run_with_deadline``), so a hung network mount or a hung driver costs a
 reason, never the patrol: the run directories (run.json, results, each cell log's new bytes, monitor.jsonl's
-tail), the GPUs (NVML, else nvidia-smi) and the data directory's usage together; then the durable directories the
-runs name; then the kernel log (dmesg / journalctl, with their own timeout) for Xids since the run started. Only
-the cell-log cursors under ``<run>/.patrol/`` are written, and nothing in check mode.
+tail), the GPUs (NVML, else nvidia-smi), the data directory's usage and the whole box (every run's liveness, its idle
+time, the autostop watcher's decision: ``_box_idle``) together; then the durable directories the runs name; then
+the kernel log (dmesg / journalctl, with their own timeout) for Xids since the run started. Only the cell-log
+cursors under ``<run>/.patrol/`` and the tick file ``runs/.patrol-tick.json`` are written, nothing in check mode.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs im
     run_dir,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol import _cells
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._box_idle import box_probe, whole_box
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._log_scan import (
     load_cursor,
     save_cursor,
@@ -332,11 +334,14 @@ def patrol(params: Mapping[str, Any], scanning: Dict[str, Any], check_mode: bool
     data_dir, timeout_s = params["data_dir"], params["timeout_s"]
     venv = params.get("venv") or os.path.join(data_dir, ".remote_gpu_trainer", "venv")
     scanning = dict(scanning, notes=[], stall_after_s=params["stall_after_s"], timeout_s=timeout_s)
+    now = time.time()
     first = run_with_deadline(
         {
             "runs": functools.partial(scan_runs, data_dir, params["run"], scanning, not check_mode),
             "gpu": functools.partial(read_gpus, params["gpu_backend"], timeout_s, venv),
             "disk": functools.partial(read_usage, data_dir),
+            # Every run on the box, whatever ``run`` patrols; the tick file is written like the cursors.
+            "box": functools.partial(box_probe, data_dir, not check_mode, now),
         },
         timeout_s,
     )
@@ -361,7 +366,8 @@ def patrol(params: Mapping[str, Any], scanning: Dict[str, Any], check_mode: bool
     if durable:
         answers = run_with_deadline({path: functools.partial(read_usage, path) for path in durable}, timeout_s)
         disks += [_usage("durable", path, answers[path]) for path in durable]
-    notes = list(scanned["notes"])
+    box, autostop, box_notes = whole_box(first["box"], data_dir, timeout_s, now, [run["run"] for run in runs])
+    notes = list(scanned["notes"]) + box_notes
     xids: List[Dict[str, Any]] = []
     if params["kernel_log"]:
         xids, unread = _xids(runs, gpu["gpus"], timeout_s)
@@ -377,5 +383,7 @@ def patrol(params: Mapping[str, Any], scanning: Dict[str, Any], check_mode: bool
         runs_skipped=scanned.get("skipped") or 0,
         runs_archived=scanned.get("archived") or 0,
         run_filter=params["run"] or None,
+        box=box,
+        autostop=autostop,
     )
     return facts

@@ -25,6 +25,7 @@ import hashlib
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.box._box_since import box_started_at
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._deadline import run_with_deadline
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _run_detach as detach
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._run_state import (
@@ -388,9 +389,16 @@ def _listing(data_dir: str) -> List[str]:
     return list_runs(data_dir)
 
 
-def teardown_gate(params: Mapping[str, Any], environ_path: str = "") -> Dict[str, Any]:
+def teardown_gate(params: Mapping[str, Any], environ_path: str = "", proc: str = "/proc") -> Dict[str, Any]:
     """The gate's evidence and verdict over ``runs`` (every run on the box when empty) and, with ``instance``,
-    the box; ValueError for an option only the layout's rules can judge. ``environ_path``: PID 1's environment."""
+    the box; ValueError for an option only the layout's rules can judge. ``environ_path``: PID 1's environment.
+    Whatever the verdict, ``instance.box_started_at`` says since when the box bills (read from ``proc``)."""
+    result = _judge(params, environ_path)
+    result["instance"]["box_started_at"] = box_started_at(params["data_dir"], proc=proc)
+    return result
+
+
+def _judge(params: Mapping[str, Any], environ_path: str) -> Dict[str, Any]:
     checked = _checked(params)
     runs, abandon, data_dir = checked["runs"], checked["abandon"], params["data_dir"]
     instance: Dict[str, Any] = {"runs_on_box": [], "other_runs": [], "live_marker_pids": [], "id_checked": False}

@@ -24,6 +24,7 @@ from ansible_collections.remote_gpu.trainer.plugins.action.launch import ActionM
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _launch_flow as flow
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _launch_settings as options
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _rsync as rsync
+from ansible_collections.remote_gpu.trainer.tests.profiles import self_stop
 
 SECRET = "s3cr3t-value-never-shown"
 HOSTS = ["h1", "h2", "h3"]
@@ -255,6 +256,19 @@ def test_the_modules_refusal_of_a_changed_spec_is_refused_not_failed(tmp_path: P
     assert result["changes"] == ["cell c added"]
     assert result["line"].startswith("h1  REFUSED  abl at relaunch: run abl on this box has another spec")
     assert result["line"].endswith("nothing started")
+
+
+def test_a_box_that_cannot_arm_its_autostop_is_refused_at_autostop_not_failed(tmp_path: Path) -> None:
+    refusal = {
+        "failed": True,
+        "msg": "autostop: RUNPOD_API_KEY is not set on this box, neither in this environment nor in /proc/1/environ",
+        "autostop_refused": True,
+        "run": "abl",
+    }
+    result, _box = launch(runpod(tmp_path), [refusal])
+    assert (result["status"], result["step"]) == ("REFUSED", "autostop")
+    assert result["line"].startswith("h1  REFUSED  abl at autostop: autostop: RUNPOD_API_KEY is not set on this box")
+    assert "nothing started" in result["line"]
 
 
 def test_a_module_failure_without_a_refusal_fails_the_box(tmp_path: Path) -> None:
@@ -510,3 +524,119 @@ def test_the_fleet_report_names_the_cells_a_refused_shard_did_not_launch(tmp_pat
 
 def test_the_flow_finds_the_runtime_roles_probe_in_the_collection() -> None:
     assert flow.PROBE_SCRIPT.is_file()
+
+
+# ---- autostop and cost (issue 22) -----------------------------------------------------------------------------
+
+SELF_STOP = self_stop("runpod")
+
+
+def runpod(tmp_path: Path, **changes: Any) -> Dict[str, Any]:
+    return play(tmp_path, launch_autostop=True, self_stop=SELF_STOP, platform="runpod", hourly_usd=2.0, **changes)
+
+
+def hours_ago(hours: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - hours * 3600))
+
+
+def armed_answer(changed: bool = True, **facts: Any) -> Dict[str, Any]:
+    """training_run's word on the box's autostop, as helper B's module returns it."""
+    autostop = {
+        "armed": True, "changed": changed, "state": "waiting", "reason": "run abl is live", "watcher_pid": 4321,
+        "watcher_started": changed, "generation": "0123456789ab", "idle_minutes": 30.0,
+        "controller_silence_hours": None, "check_interval_s": 60.0, "instance_id": "pod-1",
+        "command": "runpodctl pod stop pod-1", "would": None, "decision": None,
+    }  # fmt: skip
+    autostop.update(facts)
+    return started(autostop=autostop, box_started_at=hours_ago(2))
+
+
+def test_autostop_is_armed_through_training_run_and_the_line_says_when_the_box_stops_and_its_cost(
+    tmp_path: Path,
+) -> None:
+    result, box = launch(runpod(tmp_path), [armed_answer()])
+    asked = box.calls[-1]["args"]["autostop"]
+    assert asked == {
+        "idle_minutes": 30.0, "controller_silence_hours": None, "check_interval_s": 60.0, "disarm": False,
+        "id_env": ["RUNPOD_POD_ID"], "env": {"RUNPOD_API_KEY": "RUNPOD_API_KEY"}, "verb": SELF_STOP["verb"],
+        "platform": "runpod",
+    }  # fmt: skip
+    assert result["status"] == "STARTED"
+    assert result["autostop"]["asked"] == "arm" and result["autostop"]["watcher_pid"] == 4321
+    assert result["cost"]["hourly_usd"] == 2.0 and result["cost"]["usd"] == 4.0
+    assert result["line"].endswith(
+        "; autostop armed: stops the box 30 min after every run is secured; $4.00 so far at $2.00/h"
+    )
+    again, _box = launch(runpod(tmp_path), [armed_answer(changed=False)])
+    assert "; autostop stays armed: stops the box 30 min after every run is secured;" in again["line"]
+
+
+def test_the_dead_man_and_check_mode_are_said_on_the_line(tmp_path: Path) -> None:
+    task_vars = runpod(tmp_path, launch_autostop_controller_silence_hours=6)
+    answer = armed_answer(controller_silence_hours=6.0, generation=None, would="would write armed.json")
+    result, box = launch(task_vars, [answer], check_mode=True)
+    assert box.calls[-1]["check_mode"] is True
+    assert (
+        "check mode: would arm autostop: stops the box 30 min after every run is secured (dead-man: 6 h without "
+        "a patrol tick)" in result["line"]
+    )
+    dead_man = armed_answer(idle_minutes=None, controller_silence_hours=6.0)
+    result, _box = launch(runpod(tmp_path, launch_autostop_idle_minutes=None), [dead_man])
+    assert (
+        "autostop armed: stops the box after 6 h without a patrol tick, once every run is secured (dead-man only)"
+        in result["line"]
+    )
+
+
+def test_a_watcher_in_trouble_is_said_when_launch_finds_it(tmp_path: Path) -> None:
+    decision = {"state": "gate_failed", "reason": "durable: cells/a/best.pt differs from its manifest", "due_at": None}
+    result, _box = launch(runpod(tmp_path), [armed_answer(changed=False, decision=decision)])
+    assert "(its last decision: gate_failed: durable: cells/a/best.pt differs from its manifest)" in result["line"]
+
+
+@pytest.mark.parametrize("platform", ["lambda", "autodl", "generic_ssh"])
+def test_autostop_on_a_platform_without_self_stop_is_refused_before_any_box_call(tmp_path: Path, platform: str) -> None:
+    task_vars = play(
+        tmp_path, launch_autostop=True, self_stop={"unsupported": "no way to stop itself"}, platform=platform,
+        hourly_usd=2.49,
+    )  # fmt: skip
+    result, box = launch(task_vars, [started()])
+    assert box.calls == []
+    assert (result["status"], result["step"]) == ("REFUSED", "validate")
+    assert result["reason"].startswith(f"launch_autostop: {platform}'s boxes cannot stop themselves (no way to")
+    assert "idle_billing" in result["reason"] and "remote_gpu.trainer.teardown" in result["reason"]
+    assert result["line"].endswith("; nothing started; $2.49/h")  # a refused box bills all the same
+    assert result["cost"] == {"hourly_usd": 2.49, "since": None, "hours": None, "usd": None}
+    report = run_report({"h1": result}, tmp_path / "reports")
+    summary = json.loads(Path(report["report"]).read_text())["summary"]
+    assert summary["hourly_usd_total"] == 2.49 and summary["line"].endswith("; $2.49/h")
+
+
+def test_a_typod_autostop_variable_or_a_bad_rate_refuses_the_box(tmp_path: Path) -> None:
+    result, box = launch(play(tmp_path, launch_autostop_idle_minute=10, hourly_usd="cheap"), [started()])
+    assert box.calls == [] and result["status"] == "REFUSED"
+    assert (
+        "launch_autostop_idle_minute is not a variable of launch (did you mean launch_autostop_idle_minutes?)"
+        in (result["reason"])
+    )
+    assert "hourly_usd: must be a number of US dollars per hour (>= 0), not 'cheap'" in result["reason"]
+    assert result["cost"] is None
+
+
+def test_disarm_and_a_launch_without_autostop(tmp_path: Path) -> None:
+    disarmed = armed_answer(armed=False, state="disarmed", reason="disarmed by launch")
+    nothing = armed_answer(armed=False, changed=False, state="not_armed", reason="nothing was armed")
+    result, box = launch(play(tmp_path, launch_autostop_disarm=True), [disarmed])
+    assert box.calls[-1]["args"]["autostop"] == {"disarm": True}
+    assert result["autostop"]["asked"] == "disarm" and "; autostop disarmed" in result["line"]
+    result, _box = launch(play(tmp_path, launch_autostop_disarm=True), [nothing])
+    assert result["line"].endswith("; preflight skipped (launch_skip_preflight); autostop not armed")
+
+    result, box = launch(play(tmp_path), [started()])
+    assert "autostop" not in box.calls[-1]["args"]
+    assert result["autostop"] is None and result["cost"] is None and "autostop" not in result["line"]
+
+
+def test_a_training_run_that_does_not_say_it_armed_is_a_warning_not_silence(tmp_path: Path) -> None:
+    result, _box = launch(runpod(tmp_path), [started()])
+    assert "launch asked training_run to arm autostop and it did not say it did" in result["warnings"]

@@ -3,6 +3,7 @@ every outcome (an answer, a failed call, garbage, an unreachable box) one record
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 from typing import Any, Dict, List, Optional
 from unittest.mock import MagicMock
 
@@ -10,6 +11,7 @@ import pytest
 from ansible.errors import AnsibleConnectionFailure
 
 from ansible_collections.remote_gpu.trainer.plugins.action.patrol import ActionModule
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._patrol_notify import notify
 
 FACTS = {
     "state": "running", "escalate": False, "reasons": [], "problems": [], "actions": [], "run": "alpha",
@@ -120,3 +122,59 @@ def test_the_cron_playbooks_variables_in_group_vars_are_not_typos() -> None:
     calls: List = []
     record = patrol({"data_dir": "/data"}, {"patrol_cron_inventory": "/srv/rentals.ini"}, dict(FACTS), calls)
     assert len(calls) == 1 and record["state"] == "running"
+
+
+def idle_facts(idle_for: timedelta) -> Dict[str, Any]:
+    """A box whose one run is DONE, idle since ``idle_for`` ago, with no autostop armed."""
+    now = datetime.now(timezone.utc)
+    stamp = (now - idle_for).strftime("%Y-%m-%dT%H:%M:%SZ")
+    box = {"since": stamp, "live_runs": [], "idle": True, "idle_since": stamp, "runs_done": ["alpha"]}
+    autostop = {"armed": False, "state": None}
+    return dict(FACTS, state="done", headline="DONE run alpha: 3/3 cells done", box=box, autostop=autostop)
+
+
+def test_an_idle_box_escalates_idle_billing_once_across_two_ticks(tmp_path) -> None:
+    options = {"state_file": str(tmp_path / "state.json"), "webhook_url": "", "timeout_s": 5}
+    facts = idle_facts(timedelta(hours=2, minutes=10, seconds=5))
+    first = patrol({"data_dir": "/data"}, {"hourly_usd": 2}, facts)
+    assert (first["status"], first["escalate"], first["problems"]) == ("DONE", True, ["idle_billing"])
+    assert first["reasons"][0].startswith("idle_billing: no live run for 2 h 10 min (runs alpha DONE); burning $2.00/h")
+    assert first["cost"]["hourly_usd"] == 2.0 and first["idle_billing"]["hourly_usd"] == 2.0
+    assert first["line"].endswith("| $4.34 so far at $2.00/h  ESCALATED -> teardown")
+    second = patrol({"data_dir": "/data"}, {"hourly_usd": 2}, facts)
+    sent = [notify([record], options, str(tmp_path), "2026-12-04T03:00:00Z", False) for record in (first, second)]
+    assert sum(text.startswith("not sent") and "new: idle_billing" in text for text in sent[0]) == 1
+    assert sent[1] == ["notifications: none due (no new problem, nothing cleared)"]
+
+
+def test_idle_billing_minutes_stays_on_the_controller_and_null_turns_it_off() -> None:
+    calls: List = []
+    record = patrol({"data_dir": "/data", "idle_billing_minutes": None}, {}, idle_facts(timedelta(days=2)), calls)
+    assert "idle_billing_minutes" not in calls[0][1]
+    assert (record["escalate"], record["idle_billing"], record["cost"]) == (False, None, None)
+    longer = patrol({"data_dir": "/data", "idle_billing_minutes": "3000"}, {}, idle_facts(timedelta(hours=49)))
+    assert longer["escalate"] is False and longer["idle_billing"]["idle_s"] > 49 * 3600
+
+
+@pytest.mark.parametrize("minutes", [0, -5, "soon", True])
+def test_a_bad_idle_billing_minutes_names_the_variable(minutes: Any) -> None:
+    calls: List = []
+    record = patrol({"data_dir": "/data", "idle_billing_minutes": minutes}, answer=dict(FACTS), calls=calls)
+    assert calls == [] and record["problems"] == ["patrol_error"]
+    assert record["reasons"][0].startswith("patrol_idle_billing_minutes must be a number of minutes above 0")
+
+
+def test_a_bad_hourly_usd_is_a_warning_on_the_line_and_patrol_still_reports() -> None:
+    calls: List = []
+    record = patrol({"data_dir": "/data"}, {"hourly_usd": "abc"}, dict(FACTS), calls)
+    assert len(calls) == 1 and not record.get("failed")
+    assert (record["status"], record["escalate"], record["cost"]) == ("RUNNING", False, None)
+    assert record["cost_warning"] == "hourly_usd: must be a number of US dollars per hour (>= 0), not 'abc'"
+    assert record["line"].endswith(
+        "gpu 97% | cost unknown: hourly_usd: must be a number of US dollars per hour (>= 0), not 'abc'"
+    )
+
+
+def test_an_unreachable_box_still_shows_what_it_costs_per_hour() -> None:
+    record = patrol({"data_dir": "/data"}, {"hourly_usd": 1.5}, AnsibleConnectionFailure("ssh: timed out"))
+    assert record["line"] == "b1  UNREACHABLE  ssh: timed out | $1.50/h"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict
 from unittest.mock import MagicMock
 
-from ansible_collections.remote_gpu.trainer.plugins.action.teardown import ActionModule
+from ansible_collections.remote_gpu.trainer.plugins.action.teardown import ActionModule, warnings_of
 
 
 def refused(args: Dict[str, Any], task_vars: Dict[str, Any] | None = None) -> Dict[str, Any]:
@@ -32,3 +32,19 @@ def test_a_misspelt_variable_and_a_bad_setting_are_told_together() -> None:
     assert "teardown_pul_to is not a variable of this stage (did you mean teardown_pull_to?)" in result["reason"]
     assert "teardown_data_dir (the profile's data_dir) must be an absolute path" in result["reason"]
     assert result["line"].startswith("b1  REFUSED  runs r1 at validate: ")
+
+
+def test_a_refused_box_tells_its_rate_and_a_bad_rate_is_a_warning_not_a_refusal() -> None:
+    result = refused({"runs": "r1", "data_dir": "data"}, {"hourly_usd": 2.5})
+    assert result["cost"] == {"hourly_usd": 2.5, "since": None, "hours": None, "usd": None}
+    assert result["line"].endswith("; $2.50/h") and result["warnings"] == []
+    bad = refused({"runs": "r1", "data_dir": "data"}, {"hourly_usd": "2,50"})
+    assert bad["cost"] is None and "/h" not in bad["line"]
+    assert bad["warnings"] == ["hourly_usd: must be a number of US dollars per hour (>= 0), not '2,50'"]
+    assert "hourly_usd" not in bad["reason"]  # refused for its data_dir only
+
+
+def test_a_box_clock_ahead_of_ours_is_a_cost_warning() -> None:
+    cost = {"hourly_usd": 1.0, "since": "x", "hours": 0.0, "usd": 0.0, "note": "clock: the box's start is ahead"}
+    record = {"host": "b1", "status": "TORN_DOWN", "cost": cost}
+    assert warnings_of(record) == ["cost: clock: the box's start is ahead"]

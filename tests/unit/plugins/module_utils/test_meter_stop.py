@@ -317,6 +317,36 @@ def test_the_fake_keeps_its_state_under_concurrent_writers(provider):
     assert sorted(provider.instances()) == sorted(f"i{n}" for n in range(24))
 
 
+def test_the_fake_installed_with_a_state_file_needs_no_environment_and_names_the_key_it_saw(tmp_path):
+    """On a box the faces run with the platform's environment only: install --state bakes the state file in."""
+    bin_dir, state = tmp_path / "usr-local-bin", tmp_path / "provider" / "state.json"
+    state.parent.mkdir()
+    install = [sys.executable, str(FAKE_PROVIDER), "install", str(bin_dir), "--faces", "runpodctl", "vastai"]
+    subprocess.run([*install, "--state", str(state)], check=True)
+    for ident in ("p1", "42"):
+        subprocess.run([sys.executable, str(FAKE_PROVIDER), "add", "--state", str(state), ident], check=True)
+
+    def face(argv: List[str], folder: Path = bin_dir, **env: str) -> subprocess.CompletedProcess:
+        path = {"PATH": f"{folder}:/usr/bin:/bin"}
+        return subprocess.run(argv, check=False, env=dict(path, **env), capture_output=True, text=True)
+
+    stop = face(["runpodctl", "pod", "stop", "p1"], RUNPOD_API_KEY="rk-pod-scoped-key")
+    show = face(["vastai", "show", "instance", "42", "--raw"])
+    assert (stop.returncode, show.returncode) == (0, 0), stop.stderr + show.stderr
+    assert json.loads(state.read_text())["instances"]["p1"]["status"] == "exited"
+    logged = Path(f"{state}.calls.jsonl").read_text()
+    calls = [json.loads(line) for line in logged.splitlines()]
+    assert [(call["argv"], call["key_env"]) for call in calls] == [
+        (["runpodctl", "pod", "stop", "p1"], "RUNPOD_API_KEY"),
+        (["vastai", "show", "instance", "42", "--raw"], None),
+    ]
+    assert "rk-pod-scoped-key" not in logged
+    # Installed without --state the faces still need FAKE_PROVIDER_STATE, as before.
+    subprocess.run([*install[:3], str(tmp_path / "plain")], check=True)
+    plain = face(["runpodctl", "pod", "get", "p1"], tmp_path / "plain")
+    assert plain.returncode != 0 and "FAKE_PROVIDER_STATE" in plain.stderr
+
+
 # --- reading, with injected runners --------------------------------------------------------------------------------
 
 Reply = Tuple[int, str, str]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,14 @@ def test_the_gate_passes_changes_nothing_and_says_so(run_module, box):
     code, result = run_module(teardown_gate, args(box), check_mode=True)
     assert (code, result["changed"], result["passed"], result["msg"]) == (0, False, True, "gate passed")
     assert sorted((p, p.stat().st_mtime_ns) for p in box.rglob("*")) == before
+
+
+def test_the_gate_tells_since_when_the_box_bills_the_run_s_start(run_module, box):
+    started = json.loads((box / "data" / "runs" / "sweep" / "run.json").read_text())["started_at"]
+    for run in ("sweep", "other"):  # passed or refused, the start is told
+        result = run_module(teardown_gate, args(box, run=run))[1]
+        told = datetime.fromisoformat(result["instance"]["box_started_at"].replace("Z", "+00:00"))
+        assert told == datetime.fromisoformat(started).replace(microsecond=0)
 
 
 def test_a_refused_gate_is_not_a_module_failure_and_names_the_step(run_module, box):
@@ -88,7 +98,7 @@ def test_run_is_an_alias_of_runs_and_every_returned_key_is_documented(run_module
     per_run = set(documented["runs"]["contains"])
     assert set(result["runs"][0]) == per_run
     instance_keys = {"runs_on_box", "other_runs", "live_marker_pids", "id_checked", "id_expected", "id_found"}
-    instance_keys |= {"id_source", "same_device", "data_dev", "durable_dev"}
+    instance_keys |= {"id_source", "same_device", "data_dev", "durable_dev", "box_started_at"}
     assert set(result["instance"]) == instance_keys
     options = yaml.safe_load(teardown_gate.DOCUMENTATION)["options"]
     assert set(options) == set(teardown_gate.ARGUMENT_SPEC)

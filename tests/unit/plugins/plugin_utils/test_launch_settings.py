@@ -13,12 +13,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import yaml
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.parsing.dataloader import DataLoader
 from ansible.parsing.vault import VaultLib, VaultSecret
 from ansible.template import Templar, trust_as_template
 
 from ansible_collections.remote_gpu.trainer.plugins.modules import training_run
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _launch_settings as options
+from ansible_collections.remote_gpu.trainer.tests.profiles import self_stop
 
 SWEEP: Dict[str, Any] = {
     "launch_run": "abl",
@@ -95,7 +97,7 @@ def test_a_good_sweep_gives_every_key_and_training_run_options_only(tmp_path: Pa
     assert set(settings) == {
         "host", "run", "run_dir", "data_dir", "durable_dir", "workdir", "code", "module_args", "cells", "shard",
         "secret_names", "launch_id", "preflight", "runtime_python", "base_python", "probe_timeout_s",
-        "task_timeout_s", "sync_timeout_s", "report_dir",
+        "task_timeout_s", "sync_timeout_s", "report_dir", "autostop", "hourly_usd",
     }  # fmt: skip
     module = settings["module_args"]
     assert set(module) <= set(training_run.ARGUMENT_SPEC) | NEW_MODULE_OPTIONS
@@ -503,3 +505,172 @@ def test_every_problem_is_told_at_once(tmp_path: Path) -> None:
     assert [problem.split(" ")[0] for problem in problems] == [
         "launch_command", "launch_cells[1]", "launch_code_dir", "launch_env.MY_TOKEN",
     ]  # fmt: skip
+
+
+# ---- autostop and cost (issue 22) -----------------------------------------------------------------------------
+
+RUNPOD_SELF_STOP: Dict[str, Any] = self_stop("runpod")
+VASTAI_SELF_STOP: Dict[str, Any] = self_stop("vastai")
+PROFILES = Path(__file__).resolve().parents[4] / "inventories" / "group_vars"
+
+
+def armed(tmp_path: Path, self_stop: Any = RUNPOD_SELF_STOP, platform: str = "runpod", **changes: Any) -> Tuple:
+    variables = {"launch_autostop": True, "self_stop": self_stop, "platform": platform, **changes}
+    return settle(play(tmp_path, variables))
+
+
+def test_autostop_off_asks_training_run_nothing(tmp_path: Path) -> None:
+    settings, _problems = settle(play(tmp_path, {"self_stop": RUNPOD_SELF_STOP}))
+    assert settings is not None and settings["autostop"] is None and "autostop" not in settings["module_args"]
+    assert settings["hourly_usd"] is None
+
+
+@pytest.mark.parametrize(("platform", "self_stop"), [("runpod", RUNPOD_SELF_STOP), ("vastai", VASTAI_SELF_STOP)])
+def test_autostop_on_a_box_that_can_stop_itself_passes_its_profile_to_training_run(
+    tmp_path: Path, platform: str, self_stop: Dict[str, Any]
+) -> None:
+    settings, problems = armed(tmp_path, self_stop, platform, launch_autostop_controller_silence_hours=6)
+    assert problems == [] and settings is not None
+    expected = {
+        "idle_minutes": 30.0, "controller_silence_hours": 6.0, "check_interval_s": 60.0, "disarm": False,
+        "id_env": self_stop["id_env"], "env": self_stop["env"], "verb": self_stop["verb"], "platform": platform,
+    }  # fmt: skip
+    assert settings["module_args"]["autostop"] == settings["autostop"] == expected
+    # Exactly the suboptions training_run takes, of their types.
+    spec = training_run.ARGUMENT_SPEC["autostop"]["options"]
+    assert not ArgumentSpecValidator(spec).validate(dict(expected)).error_messages
+    # The {instance_id} placeholder is left for the box, which reads its id from id_env.
+    assert "{instance_id}" in settings["autostop"]["verb"]["command"]
+    assert json.loads(json.dumps(settings)) == settings
+
+
+@pytest.mark.parametrize(
+    ("platform", "reason"),
+    [
+        ("lambda", "Lambda instances carry no API key of their own and can only be terminated, never stopped"),
+        ("autodl", "AutoDL documents no API or CLI an instance could use to shut itself down (console only)"),
+        ("generic_ssh", "a generic SSH box has no provider meter to stop"),
+    ],
+)
+def test_autostop_is_refused_where_the_platform_gives_no_self_stop_with_its_reason(
+    tmp_path: Path, platform: str, reason: str
+) -> None:
+    problems = armed(tmp_path, {"unsupported": reason}, platform)[1]
+    assert problems == [
+        f"launch_autostop: {platform}'s boxes cannot stop themselves ({reason}): patrol's idle_billing "
+        "(patrol_idle_billing_minutes) says when h1 bills with no live run; stop it with remote_gpu.trainer.teardown"
+    ]
+
+
+def test_a_profile_without_self_stop_says_which_boxes_can_stop_themselves(tmp_path: Path) -> None:
+    assert armed(tmp_path, None)[1] == [
+        "launch_autostop: h1 has no self_stop in its platform profile (runpod and vastai boxes can stop themselves)"
+    ]
+
+
+def verb_with(**changes: Any) -> Dict[str, Any]:
+    return dict(RUNPOD_SELF_STOP, verb=dict(RUNPOD_SELF_STOP["verb"], **changes))
+
+
+@pytest.mark.parametrize(
+    ("self_stop", "said"),
+    [
+        (
+            verb_with(command=["runpodctl", "pod", "remove", "{instance_id}"], irreversible=True, survives=[]),
+            "launch_autostop: h1's self_stop.verb is irreversible (runpodctl pod remove '{instance_id}'): autostop "
+            "only stops; never delete/destroy/terminate",
+        ),
+        (
+            verb_with(command=["runpodctl", "pod", "terminate", "{instance_id}"]),
+            "launch_autostop: h1's self_stop.verb.command runs 'terminate'",
+        ),
+        (
+            verb_with(command=["runpodctl", "pod", "stop"]),
+            "launch_autostop: h1's self_stop.verb.command must name the box by {instance_id}",
+        ),
+        (verb_with(irreversible="no"), "launch_autostop: h1's self_stop.verb.irreversible must be true"),
+        (dict(RUNPOD_SELF_STOP, id_env=[]), "launch_autostop: h1's self_stop.id_env must be a non-empty list"),
+        (dict(RUNPOD_SELF_STOP, env={"RUNPOD_API_KEY": "$KEY"}), "launch_autostop: h1's self_stop.env must map"),
+        (dict(RUNPOD_SELF_STOP, verbs={}), "launch_autostop: h1's self_stop.verbs is not a key of self_stop"),
+        ("runpodctl", "launch_autostop: h1's self_stop must be a mapping"),
+    ],
+)
+def test_a_self_stop_that_could_delete_or_stop_another_box_is_refused(
+    tmp_path: Path, self_stop: Any, said: str
+) -> None:
+    problems = armed(tmp_path, self_stop)[1]
+    assert any(problem.startswith(said) for problem in problems), problems
+
+
+def test_the_dead_man_alone_needs_no_idle_timer_but_one_timer_is_needed(tmp_path: Path) -> None:
+    settings, _problems = armed(
+        tmp_path, launch_autostop_idle_minutes=None, launch_autostop_controller_silence_hours=0.5
+    )
+    assert settings is not None
+    assert (settings["autostop"]["idle_minutes"], settings["autostop"]["controller_silence_hours"]) == (None, 0.5)
+    # -e gives text: "null" is null there, a number in text is a number.
+    settings, _problems = armed(
+        tmp_path, launch_autostop_idle_minutes="null", launch_autostop_controller_silence_hours="12"
+    )
+    assert settings is not None and settings["autostop"]["controller_silence_hours"] == 12.0
+    assert armed(tmp_path, launch_autostop_idle_minutes=None)[1] == [
+        "launch_autostop needs a timer: launch_autostop_idle_minutes or launch_autostop_controller_silence_hours "
+        "(both are null)"
+    ]
+
+
+def test_autostop_bounds_and_kinds_are_named(tmp_path: Path) -> None:
+    problems = armed(
+        tmp_path,
+        launch_autostop_idle_minutes=-1,
+        launch_autostop_controller_silence_hours="soon",
+        launch_autostop_check_interval_s=0,
+    )[1]
+    assert problems == [
+        "launch_autostop_idle_minutes must be at least 0 minutes (or null), not -1",
+        "launch_autostop_controller_silence_hours must be a number of hours, or null for no such timer, not text",
+        "launch_autostop_check_interval_s must be a number between 1 and 3600, not 0",
+    ]
+    assert "launch_autostop_controller_silence_hours must be above 0 hours (or null), not 0" in problems_of(
+        tmp_path, {"launch_autostop_controller_silence_hours": 0}
+    )
+    assert problems_of(tmp_path, {"launch_autostop": "sure"}) == ["launch_autostop must be true or false, not text"]
+
+
+def test_a_typod_autostop_variable_is_named_with_the_closest_valid_one(tmp_path: Path) -> None:
+    problems = problems_of(tmp_path, {"launch_autostop_idle_minute": 10, "auto_stop": True})
+    assert problems == [
+        "launch_autostop_idle_minute is not a variable of launch (did you mean launch_autostop_idle_minutes?)",
+        "auto_stop is not a variable of launch (did you mean launch_autostop?)",
+    ]
+
+
+def test_disarm_asks_training_run_to_disarm_whatever_the_platform(tmp_path: Path) -> None:
+    settings, _problems = settle(play(tmp_path, {"launch_autostop_disarm": True, "self_stop": {"unsupported": "x"}}))
+    assert settings is not None and settings["module_args"]["autostop"] == {"disarm": True}
+    assert armed(tmp_path, launch_autostop_disarm=True)[1] == [
+        "launch_autostop and launch_autostop_disarm are both true: set one (arm the box's stop, or disarm it)"
+    ]
+
+
+@pytest.mark.parametrize("rate", ["abc", -1, True])
+def test_a_bad_hourly_rate_refuses_the_box_naming_hourly_usd(tmp_path: Path, rate: Any) -> None:
+    problems = problems_of(tmp_path, {"hourly_usd": rate})
+    assert len(problems) == 1 and problems[0].startswith("hourly_usd: must be a number of US dollars per hour (>= 0)")
+
+
+def test_the_hourly_rate_is_read_from_the_host_and_may_be_a_template(tmp_path: Path) -> None:
+    settings, _problems = settle(play(tmp_path, {"hourly_usd": 2.69}))
+    assert settings is not None and settings["hourly_usd"] == 2.69
+    settings, _problems = settle(play(tmp_path, {"gpu_rate": 1.5, "hourly_usd": "{{ gpu_rate * 2 }}"}))
+    assert settings is not None and settings["hourly_usd"] == 3.0
+
+
+@pytest.mark.parametrize("profile", sorted(path.name for path in PROFILES.glob("*.yml") if path.name != "all.yml"))
+def test_every_platform_profile_either_stops_itself_safely_or_says_why_not(tmp_path: Path, profile: str) -> None:
+    variables = yaml.safe_load((PROFILES / profile).read_text())
+    problems = armed(tmp_path, variables.get("self_stop"), variables.get("platform", profile[:-4]))[1]
+    if isinstance(variables.get("self_stop"), dict) and "unsupported" in variables["self_stop"]:
+        assert len(problems) == 1 and "cannot stop themselves" in problems[0]
+    else:
+        assert problems == [], problems

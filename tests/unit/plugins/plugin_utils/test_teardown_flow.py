@@ -3,13 +3,16 @@ the fake one (tests/workload/fake_provider.py) and the templates go through Ansi
 
 from __future__ import annotations
 
+import re
 import subprocess
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.template import Templar
 
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_lines as lines
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_settings as options
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import StageAction, StageError
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._teardown_flow import Teardown
@@ -280,3 +283,47 @@ def test_an_unreachable_box_is_told_with_what_the_provider_says_of_its_instance(
 
 def test_an_unreachable_box_in_check_mode_calls_nothing(pod: Provider) -> None:
     assert teardown(FakeAction({}, check_mode=True)).provider_state() == "" and pod.calls() == []
+
+
+def started(hours_ago: float) -> str:
+    return (datetime.now(timezone.utc) - timedelta(hours=hours_ago)).isoformat()
+
+
+def test_the_record_costs_the_host_s_rate_since_the_box_started(pod: Provider) -> None:
+    answer = dict(gate(), instance={"other_runs": [], "box_started_at": started(2)})
+    action = FakeAction({"teardown_gate": [answer], "run_scratch": [scratch_answer]})
+    flow = teardown(action, {"hourly_usd": 2.5}, confirm="b1")
+    assert run(flow) == ("TORN_DOWN", None, "")
+    cost = flow.record["cost"]
+    assert cost["hourly_usd"] == 2.5 and 4.99 <= cost["usd"] <= 5.01 and cost["since"].endswith("Z")
+    assert flow.record["warnings"] == []
+    line = lines.line(dict(flow.record, status="TORN_DOWN"))
+    assert re.search(r"; \$5\.0\d so far at \$2\.50/h$", line), line
+
+
+def test_a_refused_box_still_tells_its_cost_and_the_rate_alone_before_the_gate_answers() -> None:
+    refusal = dict(gate(False, step="cells", reason="cells not done"), instance={"box_started_at": started(1)})
+    flow = teardown(FakeAction({"teardown_gate": [refusal]}), {"hourly_usd": 1})
+    assert flow.record["cost"] == {"hourly_usd": 1.0, "since": None, "hours": None, "usd": None}
+    with pytest.raises(StageError):
+        run(flow)
+    assert 0.99 <= flow.record["cost"]["usd"] <= 1.01
+
+
+@pytest.mark.parametrize("rate", ["abc", -1, True, float("nan")])
+def test_a_bad_hourly_usd_is_a_warning_and_the_teardown_goes_on(pod: Provider, rate: Any) -> None:
+    action = FakeAction({"teardown_gate": [gate()], "run_scratch": [scratch_answer]})
+    flow = teardown(action, {"hourly_usd": rate}, confirm="b1")
+    assert run(flow) == ("TORN_DOWN", None, "")
+    assert flow.record["cost"] is None
+    assert [w.split(" (>= 0), not ")[0] for w in flow.record["warnings"]] == [
+        "hourly_usd: must be a number of US dollars per hour"
+    ]
+
+
+def test_without_hourly_usd_there_is_no_cost_and_no_warning(pod: Provider) -> None:
+    action = FakeAction({"teardown_gate": [gate()], "run_scratch": [scratch_answer]})
+    flow = teardown(action, confirm="b1")
+    run(flow)
+    assert flow.record["cost"] is None and flow.record["warnings"] == []
+    assert "/h" not in lines.line(dict(flow.record, status="TORN_DOWN"))
