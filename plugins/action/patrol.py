@@ -11,11 +11,10 @@ from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_lines as lines
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_record as records
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_settings as options
-from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import RATE_VARIABLE, box_cost, hourly_rate
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import box_cost, hourly_rate
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import (
     BoxUnreachable,
     StageAction,
-    one_line,
     unknown_variables,
 )
 
@@ -53,13 +52,7 @@ class ActionModule(StageAction):
 
     def rate(self, task_vars: Mapping[str, Any]) -> Tuple[Optional[float], Optional[str]]:
         """The host's hourly_usd (a template in it rendered) and its problem, as _cost.hourly_rate says."""
-        value = task_vars.get(RATE_VARIABLE)
-        if isinstance(value, str) and "{{" in value and self._templar is not None:
-            try:
-                value = self._templar.template(value)
-            except Exception as error:  # any template error: the rate is unknown, patrol still reports
-                return None, f"{RATE_VARIABLE}: its template failed: {one_line(error, 160)}"
-        return hourly_rate({RATE_VARIABLE: value})
+        return hourly_rate(task_vars, self._templar)
 
     def finish(
         self, record: Dict[str, Any], task_vars: Mapping[str, Any], idle_minutes: Optional[float] = None

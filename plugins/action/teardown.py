@@ -32,7 +32,7 @@ class ActionModule(StageAction):
     def refuse(self, task_vars: Dict[str, Any], args: Mapping[str, Any], problems: List[str]) -> Dict[str, Any]:
         host = str(task_vars.get("inventory_hostname") or self._play_context.remote_addr)
         record = {"host": host, "runs": options.names(args.get("runs")) or ["?"], "check_mode": self._task.check_mode}
-        rate, rate_problem = hourly_rate(task_vars)  # a refused box still bills: its rate is on the line
+        rate, rate_problem = hourly_rate(task_vars, self._templar)  # a refused box still bills: its rate is on the line
         record.update(cost=box_cost(rate, None), warnings=[rate_problem] if rate_problem else [])
         return self.finish(record, "REFUSED", "validate", "; ".join(problems))
 

@@ -227,7 +227,8 @@ warnings:
 cost:
   description: With the host variable C(hourly_usd), what the box cost up to its teardown, C(hourly_usd),
     C(since) (the gate's C(instance.box_started_at)), C(hours) and C(usd) (rounded to cents; null with C(since)
-    when the box's start is unknown); null without C(hourly_usd) or with a bad one.
+    when the box's start is unknown), and C(meter_stopped) true once this teardown stopped the meter (the box then
+    leaves the summary's total per hour); null without C(hourly_usd) or with a bad one.
   returned: always
   type: dict
 """

@@ -18,10 +18,17 @@ RATE_VARIABLE = "hourly_usd"
 _STAMP_CHARS = 64
 
 
-def hourly_rate(task_vars: Mapping[str, Any]) -> Tuple[Optional[float], Optional[str]]:
+def hourly_rate(task_vars: Mapping[str, Any], templar: Any = None) -> Tuple[Optional[float], Optional[str]]:
     """The host's rate in US dollars per hour and a problem: ``(rate, None)``, ``(None, "hourly_usd: ...")`` for a
-    value that is no finite number >= 0 (a bool or a string is none either), or ``(None, None)`` when unset."""
+    value that is no finite number >= 0 (a bool or a string is none either), or ``(None, None)`` when unset.
+
+    Stage actions read host variables unrendered: a template in it is rendered with ``templar`` (the action's)."""
     value = task_vars.get(RATE_VARIABLE)
+    if isinstance(value, str) and "{{" in value and templar is not None:
+        try:
+            value = templar.template(value)
+        except Exception as error:  # any template error: the rate is unknown, and the problem says why
+            return None, f"{RATE_VARIABLE}: its template failed: {' '.join(str(error).split())[:160]}"
     if value is None:
         return None, None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -30,9 +37,7 @@ def hourly_rate(task_vars: Mapping[str, Any]) -> Tuple[Optional[float], Optional
             return rate, None
     shown = repr(str(value) if isinstance(value, str) else value)  # a tagged string's repr is a plain one
     shown = shown if len(shown) <= 40 else shown[:37] + "..."
-    # Stage actions read host variables unrendered: a template reaches here as its text.
-    hint = " (a template is not rendered here: write the number)" if isinstance(value, str) and "{{" in value else ""
-    return None, f"{RATE_VARIABLE}: must be a number of US dollars per hour (>= 0), not {shown}{hint}"
+    return None, f"{RATE_VARIABLE}: must be a number of US dollars per hour (>= 0), not {shown}"
 
 
 def parse_since(since: Any) -> Optional[datetime]:
@@ -94,10 +99,11 @@ def cost_text(cost: Optional[Mapping[str, Any]]) -> str:
 
 
 def fleet_hourly(records: Iterable[Mapping[str, Any]]) -> Optional[float]:
-    """The fleet's total rate: the sum over records that have a cost, None when none has."""
-    rates = [
-        record["cost"]["hourly_usd"]
-        for record in records
-        if isinstance(record.get("cost"), Mapping) and isinstance(record["cost"].get("hourly_usd"), (int, float))
-    ]
-    return round(sum(rates), 4) if rates else None
+    """The fleet's total rate: the sum over records that have a cost and still bill (a cost marked
+    ``meter_stopped``, a box teardown just stopped, is left out), None when none has a cost."""
+    costs = [record["cost"] for record in records if isinstance(record.get("cost"), Mapping)]
+    costs = [cost for cost in costs if isinstance(cost.get("hourly_usd"), (int, float))]
+    if not costs:
+        return None
+    rates = [cost["hourly_usd"] for cost in costs if not cost.get("meter_stopped")]
+    return round(sum(rates), 4)

@@ -51,7 +51,7 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import NAME_PATTERN
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _launch_autostop as autostop
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _launch_cells as cells
-from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import RATE_VARIABLE, hourly_rate
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import hourly_rate
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._launch_cells import PREFIX, kind_of, plain
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import closest, one_line
 
@@ -442,7 +442,7 @@ def settings_of(
     host = str(task_vars.get("inventory_hostname") or "")
     shard, shard_problems = _shard(options, task_vars, host)
     stop, stop_problems = autostop.autostop_of(options, task_vars, templar, host)
-    rate, rate_problem = hourly_rate({RATE_VARIABLE: _rendered(task_vars.get(RATE_VARIABLE), templar)})
+    rate, rate_problem = hourly_rate(task_vars, templar)
     problems += more + secret_problems + env_problems + verify_problems + shard_problems + stop_problems
     problems += [rate_problem] if rate_problem else []
     if problems:

@@ -45,7 +45,7 @@ class Teardown:
         self.gate: Dict[str, Any] = {}
         self.pulled: Dict[str, str] = {}  # run -> controller copy
         # A bad hourly_usd only loses the cost: the teardown itself goes on, with a warning.
-        self.rate, rate_problem = hourly_rate(task_vars)
+        self.rate, rate_problem = hourly_rate(task_vars, getattr(action, "_templar", None))
         self.since: Optional[str] = None  # the box's start, told by the gate
         verb = settings.verb
         self.record: Dict[str, Any] = {
@@ -89,6 +89,9 @@ class Teardown:
         self.scratch(preview)
         status = self.stop_meter(preview)
         self.record["cost"] = box_cost(self.rate, self.since)  # up to the meter-stop
+        stopped = (self.record.get("meter_stop") or {}).get("state") in ("stopped", "already")
+        if stopped and self.record["cost"] is not None:
+            self.record["cost"]["meter_stopped"] = True  # no longer in the fleet's total per hour
         if self.check_mode:
             return "CHECKED", None, "" if confirmed else why
         if not confirmed:

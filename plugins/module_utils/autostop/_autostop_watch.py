@@ -129,9 +129,14 @@ class Watcher:
         finally:
             os.close(fd)
 
-    def _timers(self) -> Timers:
-        armed = self.armed
-        assert armed is not None
+    def _current(self, plan: bool = False) -> Tuple[state.Armed, Memory]:
+        """The armed settings and the memory a step acts on: set by the loop before any step runs."""
+        if self.armed is None or self.memory is None or (plan and self.armed.plan is None):
+            raise RuntimeError("the watcher acted before it read armed.json")
+        return self.armed, self.memory
+
+    @staticmethod
+    def _timers(armed: state.Armed) -> Timers:
         return Timers(armed.idle_s, armed.silence_s, armed.check_interval_s, armed.gate_retry_max_s)
 
     def _read_armed(self) -> Tuple[Optional[state.Armed], str]:
@@ -160,7 +165,7 @@ class Watcher:
                 memory.stop_outcome, memory.stop_reason = "stopping", str(previous.get("reason") or "")
             elif previous.get("state") == "failed" and stop is not None:
                 memory.stop_outcome, memory.stop_reason = "failed", str(stop.get("msg") or "")
-                memory.next_stop_at = now + decide_mod.backoff(self._timers(), max(memory.stop_attempts, 1))
+                memory.next_stop_at = now + decide_mod.backoff(self._timers(self.armed), max(memory.stop_attempts, 1))
         self.memory = memory
 
     def iteration(self) -> bool:
@@ -171,11 +176,10 @@ class Watcher:
             self._publish(Decision("disarmed", why, action="exit", sleep_s=0.0), Observation(), generation)
             return True
         self.armed = armed
-        timers = self._timers()
+        timers = self._timers(armed)
         if self.memory is None or self.memory.generation != armed.generation:
             self._restore(armed.generation, self.clock())
-        memory = self.memory
-        assert memory is not None
+        _armed, memory = self._current()
         obs = decide_mod.expect_run(observe(self.data_dir), armed.armed_by_run)
         decision = decide(obs, memory, timers, self.clock())
         fresh = False
@@ -196,15 +200,14 @@ class Watcher:
         return False
 
     def _gate(self, runs: int, timers: Timers) -> None:
-        assert self.armed is not None and self.memory is not None
-        verdict = run_gate(self.armed, runs, self.environ_path)
+        armed, _memory = self._current()
+        verdict = run_gate(armed, runs, self.environ_path)
         verdict["checked_at"] = state.utc_iso(self.wall())
         decide_mod.gate_checked(self.memory, verdict, timers, self.clock())
 
     def _stop(self, decision: Decision, runs: int, timers: Timers, fresh: bool, obs: Observation) -> None:
         """The gate again (what was verified is verified when it is relied on), ``stopping``, then the stop."""
-        armed, memory = self.armed, self.memory
-        assert armed is not None and memory is not None and armed.plan is not None
+        armed, memory = self._current(plan=True)
         if not fresh:
             self._gate(runs, timers)
             if not (memory.gate and memory.gate["passed"]):
@@ -239,8 +242,7 @@ class Watcher:
 
     def _poll(self, timers: Timers) -> None:
         """A stop was issued for this generation already: read the status, never run the stop again."""
-        armed, memory = self.armed, self.memory
-        assert armed is not None and memory is not None and armed.plan is not None
+        armed, memory = self._current(plan=True)
         env, secrets, _missing = stop_env(armed, self.environ_path)
         issued = (self.stop or {}).get("issued_at") or "an earlier watcher's time"
         poll, error = None, ""
@@ -272,7 +274,7 @@ class Watcher:
             self.history = state.with_history(self.history, at, decision.state, reason)
             line = f"{at} {decision.state} {reason}"
             self.published = (generation, decision.state)
-        timers = self._timers() if self.armed is not None else None
+        timers = self._timers(self.armed) if self.armed is not None else None
         timing = decision.state in ("idle_wait", "silence_wait", "gate_failed") and decision.due_in_s is not None
         doc = {
             "version": state.VERSION, "generation": generation, "watcher_pid": os.getpid(),

@@ -6,6 +6,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
 
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import (
     box_cost,
@@ -47,16 +49,18 @@ def test_anything_but_a_finite_number_at_least_zero_is_one_line_naming_hourly_us
     assert problem == f"hourly_usd: must be a number of US dollars per hour (>= 0), not {shown}"
 
 
-def test_a_template_is_told_it_is_not_rendered() -> None:
-    _, problem = hourly_rate({"hourly_usd": "{{ gpus * 1.99 }}"})
-    assert problem == (
-        "hourly_usd: must be a number of US dollars per hour (>= 0), not '{{ gpus * 1.99 }}' "
-        "(a template is not rendered here: write the number)"
-    )
+def test_a_template_is_rendered_with_the_actions_templar_and_a_broken_one_is_named() -> None:
+    variables = {"gpus": 2, "hourly_usd": trust_as_template("{{ gpus * 1.25 }}")}
+    templar = Templar(loader=DataLoader(), variables=variables)
+    assert hourly_rate(variables, templar) == (2.5, None)
+    broken = {"hourly_usd": trust_as_template("{{ no_such_variable * 2 }}")}
+    rate, problem = hourly_rate(broken, Templar(loader=DataLoader(), variables=broken))
+    assert rate is None and problem.startswith("hourly_usd: its template failed: ")
+    assert "no_such_variable" in problem and "\n" not in problem
 
 
 def test_a_huge_bad_value_is_shown_short() -> None:
-    _, problem = hourly_rate({"hourly_usd": "x" * 1000})
+    _rate, problem = hourly_rate({"hourly_usd": "x" * 1000})
     assert problem is not None and "\n" not in problem and len(problem) < 120 and problem.endswith("...")
 
 
@@ -126,3 +130,12 @@ def test_fleet_hourly_sums_the_records_that_have_a_cost() -> None:
     assert fleet_hourly(records) == 7.2
     assert fleet_hourly([{"host": "b", "cost": None}, {"host": "c"}]) is None
     assert fleet_hourly([]) is None
+
+
+def test_a_box_whose_meter_teardown_stopped_leaves_the_fleets_total() -> None:
+    records = [
+        {"host": "a", "cost": {"hourly_usd": 2.69, "usd": 1.0, "meter_stopped": True}},
+        {"host": "d", "cost": {"hourly_usd": 4.51, "usd": None}},
+    ]
+    assert fleet_hourly(records) == 4.51
+    assert fleet_hourly(records[:1]) == 0.0  # every box stopped: nothing bills, which is not "no cost known"

@@ -296,6 +296,7 @@ def test_the_record_costs_the_host_s_rate_since_the_box_started(pod: Provider) -
     assert run(flow) == ("TORN_DOWN", None, "")
     cost = flow.record["cost"]
     assert cost["hourly_usd"] == 2.5 and 4.99 <= cost["usd"] <= 5.01 and cost["since"].endswith("Z")
+    assert cost["meter_stopped"] is True  # the pod was stopped: it leaves the fleet's total per hour
     assert flow.record["warnings"] == []
     line = lines.line(dict(flow.record, status="TORN_DOWN"))
     assert re.search(r"; \$5\.0\d so far at \$2\.50/h$", line), line
