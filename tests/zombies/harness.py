@@ -67,9 +67,32 @@ def alive(pid: int) -> bool:
         return False
 
 
+def _live_members(pgids: List[int]) -> List[int]:
+    """Processes of the groups ``pgids`` that are not zombies (a zombie holds no device any more)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) in pgids:
+            members.append(int(entry))
+    return members
+
+
 def stop_all() -> None:
-    """Kill every process group this session started (by group id, never by name)."""
+    """Kill every process group this session started (by group id, never by name), and wait until none of their
+    processes is left: a SIGKILLed holder keeps its device open until the kernel has torn it down, which a loaded
+    machine can delay past the next scan."""
+    killed = []
     while STARTED:
         pgid = STARTED.pop()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
+            killed.append(pgid)
+    deadline = time.monotonic() + 20
+    while killed and _live_members(killed) and time.monotonic() < deadline:
+        time.sleep(0.05)

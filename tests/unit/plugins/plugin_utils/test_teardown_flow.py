@@ -317,7 +317,7 @@ def test_a_bad_hourly_usd_is_a_warning_and_the_teardown_goes_on(pod: Provider, r
     flow = teardown(action, {"hourly_usd": rate}, confirm="b1")
     assert run(flow) == ("TORN_DOWN", None, "")
     assert flow.record["cost"] is None
-    assert [w.split(" (>= 0), not ")[0] for w in flow.record["warnings"]] == [
+    assert [w.split(" (>= 0), not ", maxsplit=1)[0] for w in flow.record["warnings"]] == [
         "hourly_usd: must be a number of US dollars per hour"
     ]
 

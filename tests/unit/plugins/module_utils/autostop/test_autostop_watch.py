@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 import pytest
 
@@ -93,10 +93,25 @@ def install(box: Path) -> Path:
     return Path(_run_detach.install_runner(autostop_dir(str(box / "data")), watch.AUTOSTOP_MODULES, watch.WATCH_PY))
 
 
+STARTED: List[subprocess.Popen[bytes]] = []  # every watcher a test started: none outlives its test
+
+
+@pytest.fixture(autouse=True)
+def no_watcher_left() -> Iterator[None]:
+    yield
+    while STARTED:
+        process = STARTED.pop()
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+
+
 def start(box: Path, fake: Provider) -> subprocess.Popen[bytes]:
     """The installed watcher: -I -S, so only its own tree and the standard library are importable."""
     argv = [sys.executable, "-I", "-S", str(install(box)), str(box / "data")]
-    return subprocess.Popen(argv, env=environment(fake), cwd=str(box), start_new_session=True)
+    process = subprocess.Popen(argv, env=environment(fake), cwd=str(box), start_new_session=True)
+    STARTED.append(process)
+    return process
 
 
 def decision(box: Path) -> Dict[str, Any]:
