@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Iterator, Tuple
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
@@ -46,3 +47,14 @@ def provider(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Provider:
     monkeypatch.setenv("FAKE_PROVIDER_STATE", str(fake.state))
     monkeypatch.setenv("FAKE_PROVIDER_CALLS", str(fake.calls_file))
     return fake
+
+
+@pytest.fixture
+def live_session() -> Iterator[int]:
+    """A process leading a session of its own, as a detached runner does; killed after the test."""
+    process = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        yield process.pid
+    finally:
+        process.kill()
+        process.wait(timeout=10)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Dict, Iterator
+from typing import Any, Dict
 
 import pytest
 
@@ -21,17 +20,6 @@ NOW = float(int(time.time()))  # whole seconds: the facts are ISO times to the s
 
 def iso(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-@pytest.fixture
-def live_session() -> Iterator[int]:
-    """A process leading a session of its own, as a detached runner does; killed after the test."""
-    process = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    try:
-        yield process.pid
-    finally:
-        process.kill()
-        process.wait(timeout=10)
 
 
 # Above any pid_max (2**22): a launcher that can never be alive.

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Dict, Iterator
+from typing import Any, Dict
 
 import pytest
 import yaml
@@ -19,16 +18,6 @@ from ansible_collections.remote_gpu.trainer.plugins.modules import patrol_facts
 
 def iso(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, timezone.utc).isoformat(timespec="seconds")
-
-
-@pytest.fixture
-def live_session() -> Iterator[int]:
-    process = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    try:
-        yield process.pid
-    finally:
-        process.kill()
-        process.wait(timeout=10)
 
 
 def add_run(data: Path, name: str, *, leader: int = 2**22 + 7, done: bool = False, at: float = 0.0) -> Path:
