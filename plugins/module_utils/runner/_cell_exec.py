@@ -33,7 +33,12 @@ from datetime import datetime, timezone
 from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._env_hook import hook_failure
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._procfs import ProcStat, members, ticks_now
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._procfs import (
+    ProcStat,
+    members,
+    still_running,
+    ticks_now,
+)
 
 POLL_S = 0.05
 # Waiting for processes to go scans /proc: fast at first (most go at once), then gentler on a busy box.
@@ -93,12 +98,18 @@ def _wait_gone(
     reap: Callable[[], Any],
     since: Optional[int],
     *,
+    known: Sequence[ProcStat],
     extra: Extra = _no_extra,
 ) -> List[ProcStat]:
+    """What is still there: the group, the marked and ``extra``'s, and every one of ``known`` not yet dead. A
+    process in its exit has dropped its environment (so its marker) before its files (so the GPU), and is gone only
+    once it is a zombie or reaped."""
     fast_until = time.monotonic() + FAST_POLL_FOR_S
     while True:
         reap()
         left = _present(pgid, marker, since, extra)
+        seen = {p.pid for p in left}
+        left.extend(p for p in still_running(known) if p.pid not in seen)
         now = time.monotonic()
         if not left or now >= until:
             return left
@@ -136,11 +147,11 @@ def stop_processes(
     if not found:
         return StopReport(0, False, 0)
     _send(pgid, found, signal.SIGTERM)
-    left = _wait_gone(pgid, marker, time.monotonic() + grace_s, reap, since_ticks, extra=extra)
+    left = _wait_gone(pgid, marker, time.monotonic() + grace_s, reap, since_ticks, known=found, extra=extra)
     if not left:
         return StopReport(len(found), False, 0, tuple(found))
     _send(pgid, left, signal.SIGKILL)
-    left = _wait_gone(pgid, marker, time.monotonic() + kill_wait_s, reap, since_ticks, extra=extra)
+    left = _wait_gone(pgid, marker, time.monotonic() + kill_wait_s, reap, since_ticks, known=found, extra=extra)
     return StopReport(len(found), True, len(left), tuple(found), tuple(left))
 
 

@@ -21,7 +21,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_ex
     stop_processes,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._env_hook import ENV_WRAPPER, command_argv
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._procfs import marker_entry, members
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._procfs import marker_entry, members, read_stat
 from ansible_collections.remote_gpu.trainer.tests.workload.harness import alive, records, train, wait_for
 
 PY = sys.executable
@@ -209,3 +209,21 @@ def test_members_leave_out_zombies_and_stop_processes_escalates(tmp_path):
     assert (report.found, report.killed, report.left) == (1, True, 0)
     assert time.monotonic() - started < 5
     assert stubborn.wait(1) == -signal.SIGKILL
+
+
+def test_a_process_that_no_longer_shows_its_marker_is_waited_for_until_it_is_dead(tmp_path, monkeypatch):
+    # A process in its exit drops its environment (so the marker) before its files (so the GPU): the stop must
+    # follow the processes it found until they are gone, not stop at the first scan that misses their marker.
+    ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(30)"
+    stubborn = subprocess.Popen([PY, "-c", ignore], start_new_session=True, stdout=subprocess.PIPE)
+    stubborn.stdout.readline()
+    scans = []
+
+    def marker_seen_once(pgid, marker, proc="/proc", since_ticks=None):
+        scans.append(pgid)
+        return [read_stat(stubborn.pid)] if len(scans) == 1 else []
+
+    monkeypatch.setattr(_cell_exec, "members", marker_seen_once)
+    report = stop_processes(None, b"RGT_CELL_TOKEN=x", grace_s=0.3, reap=stubborn.poll)
+    assert (report.found, report.killed, report.left) == (1, True, 0)
+    assert stubborn.wait(1) == -signal.SIGKILL and len(scans) > 2
