@@ -17,6 +17,7 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _launch_lines as launch_lines
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_lines as patrol_lines
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_lines as teardown_lines
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._fleet_page import write_page
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._patrol_notify import notify
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._report import write_report
 
@@ -76,4 +77,11 @@ class ActionModule(ActionBase):
             shown.append(f"report NOT written: {error}")
             return dict(result, failed=True, msg=shown, _ansible_verbose_always=True)
         shown.append(f"report: {path}")
-        return dict(result, changed=False, msg=shown, report=path, _ansible_verbose_always=True)
+        done = dict(result, changed=False, msg=shown, report=path, _ansible_verbose_always=True)
+        if args["stage"] == "patrol":
+            try:
+                done["page"] = write_page(path, document)[0]
+                shown.append(f"page: {done['page']}")
+            except Exception as error:  # the page is a view of the report: no failure of it may cost the tick
+                shown.append(f"page NOT written: {' '.join(str(error).split())[:300] or type(error).__name__}")
+        return done

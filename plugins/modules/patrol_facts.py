@@ -25,6 +25,13 @@ description:
     patrolled run started (the M(remote_gpu.trainer.gpu_health) decoder, so a GPU that falls off the bus escalates
     with action C(re_rent)), bytes and inodes used on the data directory and the runs' durable directories, and
     the container's memory from the run's C(monitor.jsonl) (current, limit, peak over the recent samples).
+  - B(Curves.) For the fleet page, each run carries its C(monitor.jsonl) (C(monitor.jsonl.1) then C(monitor.jsonl))
+    as at most 120 samples spread evenly over the run, read by seeking to evenly spaced offsets (a few hundred KiB
+    whatever the files' sizes), and each cell its training loss as at most 200 points over the whole log, kept in
+    its cursor and fed only each tick's new bytes (every Nth loss line, N doubled when full). The loss is read from
+    what frameworks print (the Hugging Face Trainer's log dicts, progress bars redrawn after a carriage return with
+    C(loss=0.123) or C(train_loss_step=0.1), C(step 120 loss 0.4), JSON lines), never C(eval_loss), C(val_loss)
+    or a best-so-far. Lines that are not a sample or not a number are left out; a NaN or Inf loss is a null point.
   - B(Deadlines.) The probes run in three rounds of child processes, each under O(timeout_s), so a hung network
     mount or a hung driver becomes a reason, never a hung patrol.
   - B(Cells.) Each cell is judged on its own evidence, its state one of C(pending) (not started), C(running),
@@ -379,13 +386,23 @@ runs:
     - 'Per run C(run), C(state) (a state of the decision table), C(escalate), C(reasons), C(problems), C(actions),
       C(alive), C(started_at), C(cells_done), C(cells_total), C(progress) (the first live cell''s, else the last
       done cell''s), C(eta_s) (null when a cell is stalled), C(log_idle_s), C(current_cell), C(summary) (one compact
-      line, C(alpha: stalled, 2/4 done, 1 running 37%, 1 stalled (c))) and C(cells).'
+      line, C(alpha: stalled, 2/4 done, 1 running 37%, 1 stalled (c))), C(monitor_series) and C(cells).'
     - Per cell C(name), C(state) (C(pending), C(running), C(stalled), C(failed), C(crashed), C(done),
       C(sync_failed)), C(status), C(exit_code), C(signal), C(sync), C(sync_error) (the result's cause, or null),
       C(done), C(attempts), C(retries_left), C(gpus) (its GPU indices, null for all), C(alive) (a process of it
       lives), C(log_bytes), C(log_error), C(log_idle_s) (ticks' clock), C(silent_gpus_busy), C(progress),
       C(progress_fraction) (0 to 1, live cells only), C(eta_s), C(lost) (why its log is lost, or null),
-      C(crash_signatures), C(exception) (the line that says why it failed, or null) and C(nan_seen).
+      C(crash_signatures), C(exception) (the line that says why it failed, or null), C(nan_seen) and C(loss_series).
+    - C(monitor_series), null without a sample and for runs past the 8 newest (runs with a live cell count as
+      newest), else the run's C(monitor.jsonl) (C(monitor.jsonl.1) first) as at
+      most 120 samples spread over the run, sorted by time, every list aligned with C(t) - C(t) (epoch seconds),
+      C(gpus) (per GPU C(index), C(util_pct) and C(mem_used_mib), lists of numbers or nulls, and C(mem_total_mib),
+      its last reading or null), C(container_mem_bytes) (the cgroup's memory per sample, integers or nulls),
+      C(container_max_bytes) (its last limit, null when unlimited) and C(points) (how many samples).
+    - C(loss_series), null until the log printed a training loss, else at most 200 points over the whole log -
+      C(x) (the step printed on the line when every loss line has one and they never go back, else the count of
+      loss lines, from 1), C(loss) (numbers, null for NaN or Inf), C(x_label) (C(step) or C(line)), C(last) (the
+      newest loss, null for NaN or Inf) and C(points).
   returned: always
   type: list
   elements: dict

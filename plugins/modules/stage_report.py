@@ -15,6 +15,10 @@ description:
     C(--limit) run still reports. A host without a record failed before its stage ran (role argument validation).
   - Writes C(<report_dir>/<stage>-<UTC>.json) (mode 0600; a second report in the same second gets C(-1), C(-2)...)
     and C(<stage>-latest.json); fails (exit code 2) when it cannot, after printing every line.
+  - For stage C(patrol) it also writes the fleet page beside the report (C(<report minus .json>.html), mode 0600)
+    and C(patrol-latest.html), one self-contained HTML file (inline CSS and SVG, no JavaScript, no URL) with a card
+    per box, a progress bar per live cell and the runs' plots. A page that cannot be written is a line, never a
+    failure; the JSON report stands.
 author:
   - remote_gpu.trainer contributors (@remote-gpu-trainer)
 options:
@@ -80,5 +84,9 @@ msg:
 report:
   description: The report's path.
   returned: success
+  type: str
+page:
+  description: The fleet page's path (beside the report; C(patrol-latest.html) is the same page).
+  returned: stage patrol, when the page was written
   type: str
 """

@@ -30,7 +30,11 @@ def finite(value: Any) -> Optional[float]:
     """A finite number, or None: the box's files are untrusted (NaN, inf, strings, booleans)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        number = float(value)  # an int of 400 digits is valid JSON, and too large for a float
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def live_cells(run_dirs: Iterable[str], proc: str = "/proc") -> Dict[str, Dict[str, int]]:

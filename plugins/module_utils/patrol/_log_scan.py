@@ -10,7 +10,9 @@ cursor made for other patterns is scanned again from the start. So is a lost log
 a truncated or rewritten log (smaller than before, other bytes before the offset), a replaced one (another
 inode) or a deleted one sets ``lost`` once and for good, and the signatures it showed are kept in the cursor
 (``before``). A deleted log keeps its old cursor. A tick that stops short of the end also reads the last 64 KiB,
-uncounted, so a cold tick on a 2 GB log shows the crash at its end and its current progress.
+uncounted, so a cold tick on a 2 GB log shows the crash at its end and its current progress. The cursor also
+keeps the cell's loss curve (``_series.LossSeries``), fed the same counted lines; a cursor without one (written
+before it existed) or with a garbled one keeps its place and starts the curve there.
 
 Growth is timed by the tick's clock (``now``), never by the file's mtime after first sight: a log whose mtime lies
 in the future (a clock stepped back, a network volume running ahead) must not look fresh for hours. The runner's
@@ -37,6 +39,8 @@ import stat
 import tempfile
 import time
 from typing import Any, Callable, Dict, List, Mapping, Match, NamedTuple, Optional, Pattern, Sequence, Tuple
+
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._series import LossSeries
 
 SCHEMA = 2  # 1: mtime growth, runner lines and best-so-far inf counted; such cursors are scanned again
 CHUNK_BYTES = 2**20
@@ -267,7 +271,13 @@ def _last_marker(raw: bytes, progress: Progress) -> Optional[Dict[str, Any]]:
 class _Scanner:
     """One tick's scan state: fed chunks of raw bytes, it keeps at most one unfinished line (4 KiB) of them."""
 
-    def __init__(self, signatures: Sequence[Signature], progress: Progress, cursor: Optional[Mapping[str, Any]]):
+    def __init__(
+        self,
+        signatures: Sequence[Signature],
+        progress: Progress,
+        cursor: Optional[Mapping[str, Any]],
+        loss: Optional[LossSeries] = None,
+    ):
         self.needles: Dict[bytes, Tuple[Pattern[bytes], List[Signature]]] = {}
         for signature in signatures:
             for needle in signature.needles or ():
@@ -275,6 +285,7 @@ class _Scanner:
         self.searched = [signature for signature in signatures if signature.needles is None]
         self.all = list(signatures)
         self.progress = progress
+        self.loss = loss  # None for the uncounted tail read
         self.found: Dict[str, Dict[str, Any]] = {}
         self.carry, self.skipping, self.marker, self.pending = b"", False, None, 0
         if cursor is not None:
@@ -303,11 +314,11 @@ class _Scanner:
         """Signatures and marker with the unfinished last line counted (e.g. a tqdm bar), the cursor's left as is."""
         if not self.carry or self.skipping:
             return self.found, None
-        kept = ({name: dict(entry) for name, entry in self.found.items()}, self.marker, self.pending)
-        self.marker = None
+        kept = ({name: dict(entry) for name, entry in self.found.items()}, self.marker, self.pending, self.loss)
+        self.marker, self.loss = None, None  # the loss of a line not finished is counted once it is
         self._block(self.carry + b"\n")
         found, marker = self.found, self.marker
-        self.found, self.marker, self.pending = kept
+        self.found, self.marker, self.pending, self.loss = kept
         return found, marker
 
     def _block(self, raw: bytes) -> None:
@@ -332,6 +343,8 @@ class _Scanner:
                     self._count(signature.name, line, raw, end + 1)
         if self.searched:
             self._search(_decode(raw))
+        if self.loss is not None:
+            self.loss.feed(raw)
         marker = _last_marker(raw, self.progress)
         self.marker = marker or self.marker
 
@@ -397,7 +410,8 @@ def _entries(found: Any) -> bool:
 
 def _usable(cursor: Any) -> bool:
     """A cursor of this SCHEMA with every field of its type; anything else is no cursor (the log is scanned again,
-    as if first seen: an older schema's counts and growth time are not trusted)."""
+    as if first seen: an older schema's counts and growth time are not trusted). Its ``loss`` is checked apart, by
+    ``LossSeries``: a missing or garbled curve costs the curve, not the scan's place."""
     try:
         marker, growth, lost = cursor["progress"], cursor["last_growth"], cursor["lost"]
         return (
@@ -469,6 +483,7 @@ def scan_log(
     scan: Dict[str, Any] = {
         "path": path, "exists": True, "error": None, "size": None, "read_bytes": 0, "restarted": False,
         "more": False, "signatures": [], "progress": None, "last_growth": None, "mtime": None, "lost": None,
+        "loss_series": None,
     }  # fmt: skip
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # a FIFO must not block
@@ -487,7 +502,8 @@ def scan_log(
             return _failed(scan, prev, signatures, now, f"{path} is {kind}, not a log")
         key, (lost, intact) = _config_key(signatures, progress), _loss(fd, info, prev)
         resume = prev if prev is not None and intact and prev["config"] == key else None
-        scanner = _Scanner(signatures, progress, resume)
+        loss = LossSeries(resume.get("loss") if resume is not None else None)
+        scanner = _Scanner(signatures, progress, resume, loss)
         start = offset = resume["offset"] if resume is not None else 0
         budget = max(0, min(max_bytes, info.st_size - offset))
         while budget > 0:
@@ -518,13 +534,13 @@ def scan_log(
     scan.update(
         size=info.st_size, read_bytes=offset - start, restarted=cursor is not None and resume is None, more=more,
         last_growth=growth, signatures=_merged(signatures, before, list(found.values())), progress=unfinished or kept,
-        lost=lost,
+        lost=lost, loss_series=loss.view(),
     )  # fmt: skip
     return scan, {
         "schema": SCHEMA, "dev": info.st_dev, "inode": info.st_ino, "offset": offset, "size": info.st_size,
         "config": key, "fingerprint": fingerprint, "carry": base64.b64encode(scanner.carry).decode(),
         "skipping": scanner.skipping, "signatures": _merged(signatures, list(scanner.found.values())),
-        "progress": kept, "last_growth": growth, "lost": lost, "before": before,
+        "progress": kept, "last_growth": growth, "lost": lost, "before": before, "loss": loss.state(),
     }  # fmt: skip
 
 
@@ -562,6 +578,7 @@ def _kept(
     return dict(
         scan, signatures=_merged(signatures, cursor["before"], cursor["signatures"]), progress=cursor["progress"],
         last_growth=min(cursor["last_growth"], now), lost=cursor["lost"],
+        loss_series=LossSeries(cursor.get("loss")).view(),
     )  # fmt: skip
 
 

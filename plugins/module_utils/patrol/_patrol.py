@@ -4,10 +4,11 @@
 
 Three rounds of forked probes (``_deadline.run_with_deadline``), so a hung network mount or a hung driver costs a
 reason, never the patrol: the run directories (run.json, results, each cell log's new bytes, monitor.jsonl's
-tail), the GPUs (NVML, else nvidia-smi), the data directory's usage and the whole box (every run's liveness, its idle
-time, the autostop watcher's decision: ``_box_idle``) together; then the durable directories the runs name; then
-the kernel log (dmesg / journalctl, with their own timeout) for Xids since the run started. Only the cell-log
-cursors under ``<run>/.patrol/`` and the tick file ``runs/.patrol-tick.json`` are written, nothing in check mode.
+tail and its sampled curves: ``_series``), the GPUs (NVML, else nvidia-smi), the data directory's usage and the
+whole box (every run's liveness, its idle time, the autostop watcher's decision: ``_box_idle``) together; then the
+durable directories the runs name; then the kernel log (dmesg / journalctl, with their own timeout) for Xids since
+the run started. Only the cell-log cursors under ``<run>/.patrol/`` and the tick file ``runs/.patrol-tick.json`` are
+written, nothing in check mode.
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._patrol_
     finite,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._patrol_gpus import lost_findings, read_gpus
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._series import monitor_series
 
 MAX_RUNS = 100
+MAX_CURVE_RUNS = 8  # the fleet page shows at most 8 runs a box
 BEHIND_SCAN_BYTES = 64 * 1024
 MONITOR_TAIL_BYTES = 256 * 1024
 MONITOR_SAMPLES = 20
@@ -197,6 +200,7 @@ def _scan_cell_log(
         lost=scan.get("lost"),
         last_growth=growth,
         log_idle_s=round(max(0.0, now - growth), 1) if growth is not None else None,
+        loss_series=scan.get("loss_series"),
     )
 
 
@@ -274,6 +278,28 @@ def scan_run(
     return view
 
 
+def _add_curves(data_dir: str, runs: List[Dict[str, Any]], living: Mapping[str, Any]) -> None:
+    """``monitor_series`` for the runs with a live cell, then the newest: at most MAX_CURVE_RUNS, so a box with a
+    hundred finished runs costs no more than one with a few (the others get null)."""
+
+    def rank(view: Dict[str, Any]) -> Tuple[bool, str]:
+        live = bool(living.get(os.path.normpath(run_dir(data_dir, view["run"]))))
+        started = view.get("started_at")
+        return live, started if isinstance(started, str) else ""
+
+    chosen = {id(view) for view in sorted(runs, key=rank, reverse=True)[:MAX_CURVE_RUNS]}
+    for view in runs:
+        view["monitor_series"] = _series_quietly(monitor_jsonl(data_dir, view["run"])) if id(view) in chosen else None
+
+
+def _series_quietly(path: str) -> Optional[Dict[str, Any]]:
+    """The run's monitor curves (rotated file first); a read failing midway costs the curves, not the run."""
+    try:
+        return monitor_series([f"{path}.1", path])
+    except OSError:
+        return None
+
+
 def _slots(gpus: Optional[List[int]], per_cell: Any) -> int:
     if not gpus or not isinstance(per_cell, int) or isinstance(per_cell, bool) or per_cell < 1:
         return 1
@@ -289,6 +315,7 @@ def scan_runs(data_dir: str, only: Optional[str], scanning: Mapping[str, Any], w
     scanning = dict(scanning, scan_until=time.monotonic() + scanning["timeout_s"] / 2)
     living = _cells.live_cells(os.path.normpath(run_dir(data_dir, name)) for name in chosen["names"])
     runs = [scan_run(data_dir, name, scanning, write=write, now=now, living=living) for name in chosen["names"]]
+    _add_curves(data_dir, runs, living)
     notes = list(scanning["notes"])
     if chosen["skipped"]:
         notes.append(f"{chosen['skipped']} finished runs not patrolled (over {MAX_RUNS} runs on the box)")

@@ -28,12 +28,12 @@ STATE_ORDER = (
 GPU_KEYS = ("index", "utilization_pct", "memory_used_mib", "memory_total_mib")
 RUN_KEYS = (
     "run", "state", "escalate", "reasons", "problems", "actions", "alive", "started_at",
-    "cells_done", "cells_total", "progress", "eta_s", "log_idle_s", "current_cell", "summary",
+    "cells_done", "cells_total", "progress", "eta_s", "log_idle_s", "current_cell", "summary", "monitor_series",
 )  # fmt: skip
 CELL_KEYS = (
     "name", "state", "status", "exit_code", "signal", "sync", "sync_error", "done", "attempts", "retries_left",
     "gpus", "alive", "log_bytes", "log_error", "log_idle_s", "silent_gpus_busy", "progress", "progress_fraction",
-    "eta_s", "lost", "crash_signatures", "exception", "nan_seen",
+    "eta_s", "lost", "crash_signatures", "exception", "nan_seen", "loss_series",
 )  # fmt: skip
 # What explains a run that ended with cells missing (any other signature is only reported).
 CRASH_SIGNATURES = (

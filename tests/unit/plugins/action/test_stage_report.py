@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any, Dict
 from unittest.mock import MagicMock
 
+import pytest
+
+from ansible_collections.remote_gpu.trainer.plugins.action import stage_report
 from ansible_collections.remote_gpu.trainer.plugins.action.stage_report import ActionModule
 
 
@@ -86,3 +89,34 @@ def test_a_patrol_tick_in_check_mode_sends_nothing_and_keeps_no_state(tmp_path: 
     assert any(line.startswith("would notify: ") for line in result["msg"])
     assert not (tmp_path / "patrol-state.json").exists()
     assert "SECRET" not in json.dumps(result) and "SECRET" not in (tmp_path / "patrol-latest.json").read_text()
+
+
+def test_a_patrol_tick_writes_the_fleet_page_beside_its_report(tmp_path: Path) -> None:
+    crashed = patrol_record("b1", state="crashed", escalate=True, reasons=["alpha: the runner is gone"])
+    task_vars = {"ansible_play_hosts_all": ["b1", "b2"], "hostvars": {"b1": {"patrol_box": crashed}, "b2": {}}}
+    result = report({"stage": "patrol", "result_var": "patrol_box", "report_dir": str(tmp_path)}, task_vars)
+    assert not result.get("failed")
+    assert result["page"] == result["report"][: -len(".json")] + ".html"
+    assert result["msg"][-2:] == [f"report: {result['report']}", f"page: {result['page']}"]
+    page = Path(result["page"]).read_text()
+    assert 'data-host="b1" data-state="crashed"' in page and 'data-host="b2" data-state="unreachable"' in page
+    assert (tmp_path / "patrol-latest.html").read_text() == page
+    assert stat.S_IMODE(os.stat(result["page"]).st_mode) == 0o600
+
+
+def test_a_page_that_cannot_be_written_does_not_fail_the_tick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(json_path: str, document: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(stage_report, "write_page", refuse)
+    task_vars = {"ansible_play_hosts_all": ["b1"], "hostvars": {"b1": {"patrol_box": patrol_record("b1")}}}
+    result = report({"stage": "patrol", "result_var": "patrol_box", "report_dir": str(tmp_path)}, task_vars)
+    assert not result.get("failed") and "page" not in result
+    assert result["msg"][-1] == "page NOT written: [Errno 28] No space left on device"
+    assert json.loads(Path(result["report"]).read_text())["hosts"][0]["host"] == "b1"
+
+
+def test_only_patrol_writes_a_page(tmp_path: Path) -> None:
+    task_vars = {"ansible_play_hosts_all": ["b1"], "hostvars": {"b1": {}}}
+    result = report({"stage": "teardown", "result_var": "teardown_box", "report_dir": str(tmp_path)}, task_vars)
+    assert "page" not in result and not list(tmp_path.glob("*.html"))
