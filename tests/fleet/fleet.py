@@ -2,6 +2,7 @@
 
     python tests/fleet/fleet.py up --state-dir DIR --scenario a.yml [--scenario b.yml ...] [--name NAME ...]
                                    [--env NAME:KEY=VALUE ...] [--mount NAME:PATH ...] [--profile-dirs NAME ...]
+                                   [--python NAME:SPEC ...]
     python tests/fleet/fleet.py status --state-dir DIR
     python tests/fleet/fleet.py ssh --state-dir DIR NAME -- command ...
     python tests/fleet/fleet.py down --state-dir DIR | --all
@@ -19,6 +20,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -37,6 +39,8 @@ from fleet_host import Host
 REPO = Path(__file__).resolve().parents[2]
 FAKEGPU = Path(os.environ.get("RGT_FAKEGPU_DIR", REPO / "tests" / "fakegpu"))
 DELAY_RELAY = Path(__file__).resolve().parent / "delay_relay.py"
+COMPAT_PYTHONS = REPO / "tests" / "compat" / "pythons.py"
+PYTHON_PROBE = "import sys; print('%d.%d' % sys.version_info[:2]); print(sys.prefix); print(sys.base_prefix)"
 ALLOCATION_LOCK = Path("/tmp/rgt-fleet.lock")
 ADDRESS_PREFIX = "127.77"
 READY_TIMEOUT_S = 30.0
@@ -100,6 +104,31 @@ def box_visible_paths() -> list[str]:
     checkout under /tmp): the simulator build embeds the python that built it and the simulator's sources, and
     tests run the checkout's scripts and venv python on boxes."""
     return [str(REPO), str(FAKEGPU), sys.prefix, sys.base_prefix]
+
+
+def resolve_python(name: str, spec: str) -> tuple[str, str, list[str]]:
+    """(path, "X.Y", prefixes) of host ``name``'s Python ``spec``: a version ("3.8", found by
+    tests/compat/pythons.py) or an absolute path. The prefixes are what the box must see for it to run."""
+    pythons = _load("rgt_compat_pythons", COMPAT_PYTHONS)
+    try:
+        path = spec if spec.startswith("/") else pythons.find_python(spec)
+    except (LookupError, ValueError) as exc:
+        raise FleetError(f"host {name}: python {spec!r}: {exc} (give a version like 3.8 or an absolute path)") from exc
+    try:
+        done = subprocess.run(
+            [path, "-c", PYTHON_PROBE],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise FleetError(f"host {name}: python {spec!r}: {path} does not run: {exc}") from exc
+    lines = done.stdout.splitlines()
+    if done.returncode != 0 or len(lines) != 3:
+        raise FleetError(f"host {name}: python {spec!r}: {path} does not run: {done.stderr.strip()[-200:]}")
+    return path, lines[0], sorted({os.path.dirname(path), lines[1], lines[2]})
 
 
 def default_names(scenarios: Sequence[str]) -> list[str]:
@@ -219,20 +248,28 @@ class Fleet:
         env: Mapping[str, Mapping[str, str]] | None = None,
         mounts: Mapping[str, Sequence[str]] | None = None,
         profile_dirs: Collection[str] = (),
+        python: Mapping[str, str] | None = None,
     ) -> list[dict[str, Any]]:
         """Start one host per scenario, wait until each answers SSH, write inventory.ini and fleet.json.
 
         ``delay_ms``: every SSH connection to the hosts (ours and the inventory's) pays that round-trip delay.
         Per host name: ``env``, variables every SSH session on the box gets (a platform's RUNPOD_POD_ID);
         ``mounts``, more paths that get a private tmpfs each (a platform profile's /workspace); ``profile_dirs``,
-        hosts whose inventory line leaves data_dir and durable_dir out, so their platform profile sets them.
+        hosts whose inventory line leaves data_dir and durable_dir out, so their platform profile sets them;
+        ``python``, the box's Python (a version like "3.8" or an absolute path): the inventory's
+        ansible_python_interpreter (default /usr/bin/python3), checked to run on the box.
         """
         if delay_ms < 0:
             raise FleetError(f"delay_ms must be 0 or more, not {delay_ms}")
         paths = [str(Path(scenario).resolve()) for scenario in scenarios]
         names = list(names) if names else default_names(paths)
         self._check_names(paths, names)
-        extras = {"env": dict(env or {}), "mounts": dict(mounts or {}), "profile_dirs": set(profile_dirs)}
+        extras = {
+            "env": dict(env or {}),
+            "mounts": dict(mounts or {}),
+            "profile_dirs": set(profile_dirs),
+            "python": dict(python or {}),
+        }
         for key, given in extras.items():
             unknown = sorted(set(given) - set(names))
             if unknown:
@@ -330,6 +367,9 @@ class Fleet:
             fleet_host.check_extras(name, env, mounts, simulator_env)
         except ValueError as exc:
             raise FleetError(str(exc)) from exc
+        python, python_version, python_dirs = fleet_host.DEFAULT_PYTHON, None, []
+        if name in extras["python"]:
+            python, python_version, python_dirs = resolve_python(name, str(extras["python"][name]))
         return Host(
             name=name,
             hostname=box.get("hostname", name),
@@ -349,6 +389,9 @@ class Fleet:
             env=env,
             mounts=mounts,
             profile_dirs=name in extras["profile_dirs"],
+            python=python,
+            python_version=python_version,
+            python_dirs=python_dirs,
         )
 
     def _start(self, hosts: list[Host], authorized_keys: Path, delay_ms: float) -> dict[str, subprocess.Popen[bytes]]:
@@ -364,7 +407,11 @@ class Fleet:
                     f"warning: {host.name}: no writable memory cgroup here, memory_limit_mib ignored", file=sys.stderr
                 )
             environment = fleet_host.init_environment(
-                host, str(self.state_dir), self.simulator_dir / "bin", cgroup is not None, box_visible_paths()
+                host,
+                str(self.state_dir),
+                self.simulator_dir / "bin",
+                cgroup is not None,
+                [*box_visible_paths(), *host.python_dirs],
             )
             started[host.name] = fleet_host.start(host, environment)
             host.unshare_pid = started[host.name].pid
@@ -402,7 +449,10 @@ class Fleet:
         while queue or running:
             while queue and len(running) < SSH_CHECK_PARALLEL:
                 host = queue.pop(0)
-                argv = self.ssh_argv(host.name, 'test -n "$FAKEGPU_SCENARIO"', multiplex=False)
+                check = 'test -n "$FAKEGPU_SCENARIO"'
+                if host.python_version:  # the Python it was given runs there (its prefix is visible)
+                    check += f" && {shlex.quote(host.python)} -c ''"
+                argv = self.ssh_argv(host.name, check, multiplex=False)
                 process = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
                 )
@@ -440,7 +490,7 @@ class Fleet:
             lines.append(
                 f"{host.name} ansible_host={host.address} ansible_port={host.port} ansible_user=root"
                 f" ansible_ssh_private_key_file={self.key_path} ansible_ssh_common_args='{common}'"
-                " ansible_python_interpreter=/usr/bin/python3"
+                f" ansible_python_interpreter={host.python}"
                 f"{'' if host.profile_dirs else ' data_dir=/data durable_dir=/durable'}"
                 f" fakegpu_scenario={host.scenario} fakegpu_scenario_source={host.scenario_source}"
                 f" fakegpu_gpu_count={host.gpu_count}"
@@ -495,8 +545,11 @@ def down_all() -> list[str]:
     return state_dirs
 
 
-def _extras_of(env_args: Sequence[str], mount_args: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``--env NAME:KEY=VALUE`` and ``--mount NAME:PATH`` as up()'s ``env`` and ``mounts``."""
+def _extras_of(
+    env_args: Sequence[str], mount_args: Sequence[str], python_args: Sequence[str] = ()
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """``--env NAME:KEY=VALUE``, ``--mount NAME:PATH`` and ``--python NAME:SPEC`` as up()'s ``env``, ``mounts``
+    and ``python``."""
     env: dict[str, dict[str, str]] = {}
     for given in env_args:
         name, _colon, pair = given.partition(":")
@@ -510,7 +563,13 @@ def _extras_of(env_args: Sequence[str], mount_args: Sequence[str]) -> tuple[dict
         if not colon:
             raise FleetError(f"--mount {given!r}: NAME:PATH")
         mounts.setdefault(name, []).append(path)
-    return env, mounts
+    python: dict[str, str] = {}
+    for given in python_args:
+        name, colon, spec = given.partition(":")
+        if not colon or not spec or name in python:
+            raise FleetError(f"--python {given!r}: NAME:SPEC, once per host (SPEC: a version like 3.8 or a path)")
+        python[name] = spec
+    return env, mounts, python
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -525,6 +584,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     up.add_argument("--env", action="append", default=[], metavar="NAME:KEY=VALUE", help="a variable of host NAME")
     up.add_argument("--mount", action="append", default=[], metavar="NAME:PATH", help="a private tmpfs on host NAME")
     up.add_argument("--profile-dirs", action="append", default=[], metavar="NAME", help="no data_dir/durable_dir")
+    up.add_argument(
+        "--python", action="append", default=[], metavar="NAME:SPEC", help="host NAME's Python: X.Y or a path"
+    )
     status = commands.add_parser("status", help="print each host and whether it answers SSH")
     status.add_argument("--state-dir", required=True)
     ssh = commands.add_parser("ssh", help="run a command on one host")
@@ -539,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "up":
-            env, mounts = _extras_of(args.env, args.mount)
+            env, mounts, python = _extras_of(args.env, args.mount, args.python)
             hosts = Fleet(args.state_dir).up(
                 args.scenario,
                 args.name,
@@ -548,10 +610,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 env=env,
                 mounts=mounts,
                 profile_dirs=args.profile_dirs,
+                python=python,
             )
             for host in hosts:
                 where = f"{host['address']}:{host['port']}"
-                print(f"{host['name']}\t{where}\t{host['gpu_count']} GPU(s)\t{host['scenario_source']}")
+                python = f"\tpython {host['python_version']}" if host["python_version"] else ""
+                print(f"{host['name']}\t{where}\t{host['gpu_count']} GPU(s)\t{host['scenario_source']}{python}")
             print(f"inventory: {Fleet(args.state_dir).inventory_path}")
         elif args.command == "status":
             fleet = Fleet(args.state_dir)

@@ -26,6 +26,7 @@ BOX_DEFAULTS = {
     "durable_inodes": 200_000,
 }
 PROCESS_TIMEOUT_S = 30
+DEFAULT_PYTHON = "/usr/bin/python3"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 OWN_MOUNTS = ("/", "/data", "/durable", "/proc", "/sys", "/usr", "/etc", *MASKED)
 
@@ -55,6 +56,9 @@ class Host:
     env: dict[str, str] = field(default_factory=dict)  # the box's own variables (a platform's RUNPOD_POD_ID)
     mounts: list[str] = field(default_factory=list)  # more private tmpfs mounts (a profile's /workspace)
     profile_dirs: bool = False  # the inventory leaves data_dir and durable_dir to the platform profile
+    python: str = DEFAULT_PYTHON  # the inventory's ansible_python_interpreter
+    python_version: str | None = None  # its X.Y, when the fleet was given one (None: the image's python3)
+    python_dirs: list[str] = field(default_factory=list)  # its prefixes, which the box must see
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
