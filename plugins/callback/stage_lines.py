@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 name: stage_lines
 type: stdout
 short_description: Print only each stage's report lines and one line per unexpected failure (all of it with -v)
-version_added: "0.3.0"
+version_added: "0.1.0"
 description:
   - Without C(-v), prints only the lines of each P(remote_gpu.trainer.stage_report#module) task (one line per box,
     its indented reasons, the SUMMARY line and the report's path), verbatim, and one line per failed or

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: launch
 short_description: Launch a training run on one rented box, in one controller step
-version_added: "0.3.0"
+version_added: "0.1.0"
 description:
   - An action plugin; the role C(remote_gpu.trainer.launch) maps its variables (C(launch_<option>), C(id) from the
     role's launch id) onto these options. Every step and status is described in C(docs/launch.md).

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: load_verify
 short_description: Prove that artifacts load, by running a user command on each, before teardown deletes anything
-version_added: "0.2.0"
+version_added: "0.1.0"
 description:
   - Part of teardown's gate. Runs each check's argv (the artifact's path already substituted by the caller, for
     example C(python -c "import torch, sys; torch.load(sys.argv[1], weights_only=True)" /path/best.pth)) and

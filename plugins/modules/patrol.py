@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: patrol
 short_description: One patrol tick of one rented box, in one controller step
-version_added: "0.3.0"
+version_added: "0.1.0"
 description:
   - An action plugin; the role C(remote_gpu.trainer.patrol) maps its variables (C(patrol_<option>)) onto these
     options. The decision table, the per-cell states and the report are described in C(docs/patrol.md).

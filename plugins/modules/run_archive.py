@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 module: run_archive
 short_description: Move finished or crashed runs aside on a box, never deleting a byte, so patrol stops escalating
   them
-version_added: "0.2.0"
+version_added: "0.1.0"
 description:
   - Renames each run's directory C(<data_dir>/runs/<run>) to C(<data_dir>/runs/.archive/<run>-<UTC stamp>) (stamp
     C(YYYYmmddTHHMMSSZ)) and writes a record beside it, C(<run>-<stamp>.json) (C(run), C(from), C(to),

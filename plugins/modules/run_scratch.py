@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 module: run_scratch
 short_description: Remove torn-down runs' scratch files, re-checking the durable copy and refusing anything that
   is not scratch
-version_added: "0.2.0"
+version_added: "0.1.0"
 description:
   - The last box step of teardown, after its gate passed. For each run of O(runs), in order, removes
     C(<data_dir>/runs/<run>), then each of O(extra_paths) once, after every run.

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: stage_report
 short_description: Write a stage's fleet report and print one line per box, for every host of the play
-version_added: "0.2.0"
+version_added: "0.1.0"
 description:
   - An action plugin, run with C(run_once) after a stage's per-box task. It reads each box's record from
     O(result_var) for every host of the play (C(ansible_play_hosts_all), failed and unreachable ones too), so a

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: stage_verdict
 short_description: Turn a box's stage record into the play's outcome, and so ansible-playbook's exit code
-version_added: "0.2.0"
+version_added: "0.1.0"
 description:
   - An action plugin, the last task of a stage. A record whose status is in O(failing) fails the host (exit code
     2); C(UNREACHABLE) marks it unreachable (exit code 4), or, with O(fleet_var), fails it when another box of the

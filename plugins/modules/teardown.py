@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: teardown
 short_description: Tear one rented box down behind the gate, in one controller step
-version_added: "0.2.0"
+version_added: "0.1.0"
 description:
   - An action plugin; the role C(remote_gpu.trainer.teardown) maps its variables (C(teardown_<option>)) onto these
     options. Every step and status is described in C(docs/teardown.md).

@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vram_zombies
 short_description: Find, and optionally reap, processes that hold GPU memory after their job died
-version_added: 0.1.0
+version_added: "0.1.0"
 description:
   - Lists every process holding an NVIDIA device node (C(/dev/nvidia[0-9]+), C(/dev/nvidiactl), C(/dev/nvidia-uvm*))
     from C(/proc/*/fd), with NVML's view of each GPU where NVML is available, and judges which holders are zombies

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
+# The oldest box Python of any ansible-core the collection supports (pythons.TARGET_PYTHONS), whichever ansible-core
+# runs the tests: a box module must still run on it under the oldest supported controller.
 OLDEST = "3.8"
 # Modules whose code runs on the box; the others only carry the documentation of an action plugin (controller).
 BOX_MODULES = (

@@ -1,7 +1,9 @@
 """Fail when a role's defaults/main.yml and meta/argument_specs.yml disagree.
 
 Every default must be declared in the main entry point's argument spec with the same default value, and every
-spec option that declares a default must appear in defaults/main.yml. Usage: check_role_specs.py ROLES_DIR
+spec option that declares a default must appear in defaults/main.yml. A default computed by a template (an inventory
+variable's value) cannot be the documented default of a typed option (int, bool, list, dict: antsibull-docs rejects
+the string): such an option leaves `default` out and says it in its description. Usage: check_role_specs.py ROLES_DIR
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import yaml
 
 _MISSING = object()
+_STRING_TYPES = ("str", "raw", "path")
 
 
 def check_role(role: Path) -> list[str]:
@@ -32,7 +35,14 @@ def check_role(role: Path) -> list[str]:
             problems.append(f"{role.name}: default '{name}' is not declared in meta/argument_specs.yml")
             continue
         declared = options[name].get("default", _MISSING)
-        if declared is _MISSING:
+        typed = options[name].get("type", "str") not in _STRING_TYPES
+        if typed and isinstance(value, str) and "{{" in value:
+            if declared is not _MISSING:
+                problems.append(
+                    f"{role.name}: '{name}' is a {options[name]['type']} computed by a template in defaults/main.yml: "
+                    "leave default out of argument_specs and say it in the description"
+                )
+        elif declared is _MISSING:
             problems.append(f"{role.name}: '{name}' has a default in defaults/main.yml but none in argument_specs")
         elif declared != value:
             problems.append(

@@ -120,7 +120,8 @@ def _tmux_env(env: Mapping[str, str]) -> Dict[str, str]:
 
 def _tmux(tmux: str, args: Sequence[str], env: Mapping[str, str]) -> Tuple[int, str]:
     try:
-        done = subprocess.run(
+        # Not run_command: plain stdlib module_utils, called with the launch's own environment.
+        done = subprocess.run(  # pylint: disable=ansible-bad-function
             [tmux, *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -212,7 +212,10 @@ def stream_command(argv: List[str], timeout_s: float, tail: TailBuffer) -> Tuple
     """
     env = dict(os.environ, LC_ALL="C", LANG="C")  # tool output is parsed, so keep it untranslated
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        # Not run_command: its stdout streams into a bounded tail instead of memory, and no AnsibleModule runs here.
+        proc = subprocess.Popen(  # pylint: disable=ansible-bad-function
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
     except FileNotFoundError:
         return RC_NOT_FOUND, f"{argv[0]}: command not found"
     except PermissionError as exc:

@@ -188,7 +188,8 @@ def spawn(argv: Sequence[str], cwd: str, env: Mapping[str, str], log_path: str) 
     else:  # setpgid(0, 0) in the child before exec; a C function, so no Python lock is taken after fork
         options["preexec_fn"] = os.setpgrp
     try:
-        return subprocess.Popen(
+        # Not run_command: the runner is detached from any AnsibleModule, and the cell needs its own group.
+        return subprocess.Popen(  # pylint: disable=ansible-bad-function
             list(argv),
             cwd=cwd,
             env=dict(env),

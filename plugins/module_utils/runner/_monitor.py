@@ -179,7 +179,10 @@ def bounded_output(argv: Sequence[str], timeout_s: float) -> Tuple[Optional[int]
     """(rc, stdout) of a command under a timeout; rc None when it timed out. A child that does not die on
     SIGKILL (stuck in the driver) is abandoned, never waited for without a bound."""
     try:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        # Not run_command: the monitor runs in the detached runner, with no AnsibleModule.
+        proc = subprocess.Popen(  # pylint: disable=ansible-bad-function
+            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
     except OSError:
         return 127, ""
     try:

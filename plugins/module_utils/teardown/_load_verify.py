@@ -142,7 +142,8 @@ def run_check(artifact: str, argv: Sequence[str], timeout_s: float, output_bytes
     result.update(timed_out=False, duration_s=0.0, output_tail="", leftovers=0, problem=None)
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(
+        # Not run_command: the check runs in a session of its own, killed as a whole at its timeout.
+        proc = subprocess.Popen(  # pylint: disable=ansible-bad-function
             list(argv),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

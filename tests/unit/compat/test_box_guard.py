@@ -47,7 +47,7 @@ PLANTS = {
 
 @pytest.fixture(scope="module")
 def oldest() -> str:
-    return pythons.box_python("oldest")
+    return pythons.find_python(box_guard.OLDEST)
 
 
 def test_every_module_and_role_script_is_either_box_or_controller_side() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import parse_result
-from ansible_collections.remote_gpu.trainer.tests.compat import pythons
+from ansible_collections.remote_gpu.trainer.tests.compat import box_guard, pythons
 from ansible_collections.remote_gpu.trainer.tests.unit.plugins.module_utils.autostop.test_autostop_watch import (
     POD,
     arm,
@@ -33,7 +33,7 @@ from ansible_collections.remote_gpu.trainer.tests.workload.harness import (
 
 @pytest.fixture(scope="module")
 def oldest() -> str:
-    return pythons.box_python("oldest")
+    return pythons.find_python(box_guard.OLDEST)
 
 
 @pytest.fixture(scope="module")

@@ -47,6 +47,26 @@ def test_disagreement_is_reported(tmp_path: Path, defaults: str, expected: str) 
     assert expected in problems[0]
 
 
+TYPED = """
+argument_specs:
+  main:
+    options:
+      n: {type: int, description: the n, DEFAULT}
+      s: {type: str, description: the s, default: "{{ s_var | default('') }}"}
+"""
+TEMPLATED = 'n: "{{ n_var | default(0) }}"\ns: "{{ s_var | default(\'\') }}"\n'
+
+
+def test_a_templated_default_of_a_typed_option_stays_out_of_the_spec(tmp_path: Path) -> None:
+    assert check_role_specs.check_role(_role(tmp_path, TEMPLATED, TYPED.replace(", DEFAULT", ""))) == []
+
+
+def test_a_templated_default_declared_on_a_typed_option_is_reported(tmp_path: Path) -> None:
+    specs = TYPED.replace("DEFAULT", 'default: "{{ n_var | default(0) }}"')
+    (problem,) = check_role_specs.check_role(_role(tmp_path, TEMPLATED, specs))
+    assert "'n' is a int computed by a template" in problem
+
+
 def test_private_roles_are_checked_like_the_others(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     roles = tmp_path / "roles"
     _role(roles, "a: 2\n", SPECS).rename(roles / "_private")

@@ -82,7 +82,12 @@ def task(action: str, name: str, **fields: Any) -> Task:
 
 
 def result(of: Task, data: Dict[str, Any], host: str = "b1") -> CallbackTaskResult:
-    return CallbackTaskResult(Host(host), of, data, {"name": of.name})
+    """The result as the task queue hands it to callbacks: 2.21 wraps the result dict, 2.19 takes it as is."""
+    try:
+        from ansible._internal._task import UnifiedTaskResult  # noqa: PLC0415  (ansible-core 2.21+)
+    except ImportError:
+        return CallbackTaskResult(Host(host), of, data, {"name": of.name})
+    return CallbackTaskResult(Host(host), of, UnifiedTaskResult.from_action_result_dict(dict(data)))
 
 
 def report_result(failed: bool = False) -> CallbackTaskResult:
@@ -186,8 +191,8 @@ def test_a_debug_task_that_opts_in_prints_its_lines(
 def test_quiet_still_shows_a_task_warning(
     callback: CallbackBase, verbosity: Callable[[int], None], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    warned = result(task("ansible.builtin.debug", "Warn"), {"msg": "x"})
-    warned._return_data["warnings"] = [WarningSummary(event=Event(msg="stage_lines test warning 7f3a"))]
+    warning = WarningSummary(event=Event(msg="stage_lines test warning 7f3a"))
+    warned = result(task("ansible.builtin.debug", "Warn"), {"msg": "x", "warnings": [warning]})
     callback._current_task_result = warned  # what the task queue manager sets around each result callback
     callback.v2_runner_on_ok(warned)
     captured = capsys.readouterr()

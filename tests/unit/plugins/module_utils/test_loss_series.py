@@ -58,8 +58,8 @@ def hf_trainer_log() -> str:
         "\r  0%|          | 0/30 [00:00<?, ?it/s]",
     ]
     for step in range(1, 31):
-        bar = f"{step * 100 // 30:2d}%|{'█' * (step // 3):<10}| {step}/30"
-        parts.append(f"\r {bar} [00:{step:02d}<00:{30 - step:02d},  1.00it/s]")
+        progress_bar = f"{step * 100 // 30:2d}%|{'█' * (step // 3):<10}| {step}/30"
+        parts.append(f"\r {progress_bar} [00:{step:02d}<00:{30 - step:02d},  1.00it/s]")
         if step % 10 == 0:
             loss = {10: 2.3417, 20: 1.9021, 30: 1.6113}[step]
             parts.append("\r" + " " * 60 + "\r")
@@ -91,9 +91,9 @@ def lightning_log(epochs: int, steps: int) -> str:
     for epoch in range(epochs):
         for step in range(1, steps + 1):
             loss = 2.0 / (1 + epoch * steps + step)
-            bar = f"{step * 100 // steps:3d}%|{'█' * (step * 10 // steps):<10}| {step}/{steps}"
+            progress_bar = f"{step * 100 // steps:3d}%|{'█' * (step * 10 // steps):<10}| {step}/{steps}"
             parts.append(
-                f"\rEpoch {epoch}:  {bar} [00:{step:02d}<00:00, 8.01it/s, v_num=0, train_loss_step={loss:.3f}]"
+                f"\rEpoch {epoch}:  {progress_bar} [00:{step:02d}<00:00, 8.01it/s, v_num=0, train_loss_step={loss:.3f}]"
             )
         parts.append(f", val_loss=1.01, train_loss_epoch={loss:.3f}]\n")
     return "".join(parts)
@@ -196,7 +196,7 @@ def test_the_cursor_stays_bounded_over_a_million_loss_lines(tmp_path):
     log = tmp_path / "log"
     block = step_lines(1, 20000).encode()
     with open(log, "wb") as handle:
-        for _ in range(50):
+        for _repeat in range(50):
             handle.write(block)
     scan, cursor = tick(log, max_bytes=2**30)
     assert cursor["loss"]["n"] == 1_000_000 and scan["loss_series"]["points"] <= 200

@@ -172,13 +172,13 @@ def test_a_live_cell_gets_a_progress_bar_from_its_fraction() -> None:
     ]
     page = parse(render_page(document(box("a", runs=[run("r", *cells)]))))[0]
     bars = page.all("div", class_="progress")
-    assert [bar.attrs["data-cell"] for bar in bars] == ["c1", "c2", "c3"]
-    assert [bar.attrs["data-fraction"] for bar in bars] == ["0.37", "1.0", ""]
-    widths = [bar.one("div", class_="bar").attrs["style"] for bar in bars]
+    assert [progress_bar.attrs["data-cell"] for progress_bar in bars] == ["c1", "c2", "c3"]
+    assert [progress_bar.attrs["data-fraction"] for progress_bar in bars] == ["0.37", "1.0", ""]
+    widths = [progress_bar.one("div", class_="bar").attrs["style"] for progress_bar in bars]
     assert widths == ["width: 37.0%", "width: 100.0%", "width: 0.0%"]
     assert bars[0].one("span", class_="progress-text").texts() == "step 120/400 · 37% · ETA 1 h 2 min"
     assert bars[1].one("span", class_="progress-text").texts().startswith("stalled")
-    assert all(bar.attrs["data-run"] == "r" for bar in bars)
+    assert all(progress_bar.attrs["data-run"] == "r" for progress_bar in bars)
 
 
 def test_plots_draw_each_gpu_and_break_at_gaps() -> None:
@@ -286,8 +286,8 @@ def test_two_runs_with_packed_cells_on_one_box() -> None:
     card = parse(render_page(document(box("a", runs=[first, second]))))[0].one("section", class_="box")
     runs = card.all("div", class_="run")
     assert [one.attrs["data-run"] for one in runs] == ["alpha", "beta"]
-    assert [bar.attrs["data-cell"] for bar in runs[0].all("div", class_="progress")] == ["a1", "a2"]
-    assert [bar.attrs["data-fraction"] for bar in runs[1].all("div", class_="progress")] == ["0.75"]
+    assert [progress_bar.attrs["data-cell"] for progress_bar in runs[0].all("div", class_="progress")] == ["a1", "a2"]
+    assert [progress_bar.attrs["data-fraction"] for progress_bar in runs[1].all("div", class_="progress")] == ["0.75"]
     assert [len(one.all("svg", class_="plot")) for one in runs] == [3, 3]
     assert all(plot.attrs["data-run"] == "beta" for plot in runs[1].all("svg"))
 
