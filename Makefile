@@ -20,7 +20,8 @@ COMPAT_BIN := $(COMPAT_VENV)/bin
 COMPAT_PATH := $(abspath $(COMPAT_BIN)):$(PATH)
 COMPAT_SCENARIO ?= box_python
 DEMO_STATE := $(BUILD)/demo-fleet
-SYSTEM_TOOLS := sshd:openssh-server ssh:openssh-client nc:netcat-openbsd rsync:rsync gcc:gcc tmux:tmux crontab:cron chromium:chromium chromedriver:chromium-driver
+SYSTEM_TOOLS := sshd:openssh-server ssh:openssh-client nc:netcat-openbsd rsync:rsync gcc:gcc tmux:tmux crontab:cron chromium:chromium chromedriver:chromium-driver \
+	shellcheck:shellcheck
 export ANSIBLE_COLLECTIONS_PATH := $(COLLECTIONS)
 export PATH := $(abspath $(BIN)):$(PATH)
 export ANSIBLE_NOCOLOR := 1
@@ -108,7 +109,7 @@ python=$$($(1)/python -c '$(PY_XY)') && cd $(2)/$(COLLECTION_DIR) && \
 	$(abspath $(1))/ansible-test sanity --venv --python $$python --color no
 endef
 
-sanity: venv
+sanity: venv system-deps  # system-deps: shellcheck, else ansible-test skips that test with a warning
 	$(call sanity-with,$(BIN),$(BUILD)/sanity)
 
 units: venv collection
@@ -193,7 +194,7 @@ ee-check: venv
 compat: compat-sanity compat-units compat-molecule
 	@echo "make compat: ansible-core $$($(COMPAT_BIN)/python -c 'import ansible; print(ansible.__version__)') passed"
 
-compat-sanity: compat-venv
+compat-sanity: compat-venv system-deps
 	$(call sanity-with,$(COMPAT_BIN),$(BUILD)/compat/sanity)
 
 compat-units: compat-venv collection
