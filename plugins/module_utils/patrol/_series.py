@@ -24,6 +24,8 @@ import stat
 from datetime import datetime
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._cells import finite
+
 MONITOR_POINTS = 120
 FIRST_READ = 4096
 LINE_MAX = 64 * 1024
@@ -72,13 +74,8 @@ Point = List[Any]  # [n (loss lines before it), step or None, loss or None]
 
 def finite_number(value: Any, low: float = 0.0, high: float = math.inf) -> Optional[float]:
     """A finite number within [low, high], or None: NaN, inf, strings and booleans from the box read as unknown."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)  # an int of 400 digits is valid JSON, and too large for a float
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) and low <= number <= high else None
+    number = finite(value)
+    return number if number is not None and low <= number <= high else None
 
 
 def _complete_lines(fd: int, offset: int, size: int, budget: int) -> Iterator[Tuple[int, bytes]]:
