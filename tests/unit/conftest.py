@@ -23,6 +23,15 @@ for helpers in (TESTS / "zombies", TESTS / "fakegpu"):
 ModuleRun = Callable[..., Tuple[int, Dict[str, Any]]]
 
 
+@pytest.fixture(autouse=True)
+def instance_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own box-level instance directory (the data dir registry, the lease, the ledger, the
+    stops): never this machine's home, never another test's."""
+    path = tmp_path_factory.mktemp("instance")
+    monkeypatch.setenv("RGT_INSTANCE_DIR", str(path))
+    return path
+
+
 @pytest.fixture
 def run_module(capsys: pytest.CaptureFixture[str]) -> ModuleRun:
     """``run_module(module, args, check_mode=False)``: the module's main() through its argument spec.
