@@ -29,8 +29,9 @@ class ActionModule(StageAction):
         host = str(task_vars.get("inventory_hostname") or self._play_context.remote_addr)
         run = args.get("run") if isinstance(args.get("run"), str) else None
         record = {"host": host, "run": run, "cells": [], "check_mode": bool(self._task.check_mode), "changed": False}
-        # A refused box bills all the same: its rate (a bad one is among the problems, and shows none).
-        record.update(autostop=None, cost=box_cost(hourly_rate(task_vars)[0], None))
+        # A refused box bills all the same: its rate (a bad one is a warning, as in every stage, and shows none).
+        rate, rate_problem = hourly_rate(task_vars, self._templar)
+        record.update(autostop=None, cost=box_cost(rate, None), warnings=[rate_problem] if rate_problem else [])
         return self.finish(record, "REFUSED", "validate", "; ".join(problems))
 
     def stage(self, args: Dict[str, Any], task_vars: Dict[str, Any]) -> Dict[str, Any]:

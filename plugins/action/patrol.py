@@ -11,7 +11,8 @@ from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_lines as lines
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_record as records
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_settings as options
-from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import box_cost, hourly_rate
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_states as states
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import box_cost, hourly_rate, stopped_rate
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import (
     BoxUnreachable,
     StageAction,
@@ -43,12 +44,30 @@ class ActionModule(StageAction):
                 "patrol_facts", options.module_args(args), dict(task_vars, ansible_python_interpreter=python)
             )
         except BoxUnreachable as gone:
-            return self.finish(records.unreachable(host, str(gone)), task_vars)
+            return self.finish(self.down(host, str(gone), task_vars), task_vars)
         record = records.from_answer(host, answer, python, args["run"])
+        states.answered_state(record)
         return self.finish(record, task_vars, options.idle_billing_minutes(args["idle_billing_minutes"]))
 
     def host(self, task_vars: Mapping[str, Any]) -> str:
         return str(task_vars.get("inventory_hostname") or self._play_context.remote_addr)
+
+    def profile(self, task_vars: Mapping[str, Any], name: str, default: Any = None) -> Any:
+        """A host or profile variable, a template in it rendered; ``default`` when it is unset or cannot be."""
+        value = task_vars.get(name, default)
+        try:
+            return self._templar.template(value) if self._templar is not None and value is not None else value
+        except Exception:  # a broken template: what it was for is then unknown, never an error of the tick
+            return default
+
+    def down(self, host: str, reason: str, task_vars: Mapping[str, Any]) -> Dict[str, Any]:
+        """The record of a box that did not answer: the provider asked with the profile's status command, and the
+        previous reports read for a stop of ours (read-only, on the controller)."""
+        now = datetime.now(timezone.utc)
+        provider = states.ask_provider(task_vars, self._templar)
+        report_dir = self.profile(task_vars, "patrol_report_dir", "reports")
+        known = states.history(str(report_dir or "reports"), host, now)
+        return states.down_record(host, reason, provider, known, now)
 
     def rate(self, task_vars: Mapping[str, Any]) -> Tuple[Optional[float], Optional[str]]:
         """The host's hourly_usd (a template in it rendered) and its problem, as _cost.hourly_rate says."""
@@ -62,7 +81,13 @@ class ActionModule(StageAction):
         now = datetime.now(timezone.utc)
         rate, problem = self.rate(task_vars)
         box = record.get("box") or {}
-        record.update(cost=box_cost(rate, box.get("since"), now), cost_warning=problem)
+        # The box's ledger, counted on its own clock (box_now): a box clock off ours changes nothing.
+        cost = box_cost(rate, box.get("since"), now, box_now=box.get("box_now"), ledger=box.get("ledger"))
+        record.update(cost=cost, cost_warning=problem)
+        storage, storage_problem = stopped_rate(task_vars, self._templar)
+        states.bill(record, rate, storage, self.profile(task_vars, "stopped_bills"), now)
+        if storage_problem:
+            record["cost_warning"] = "; ".join(found for found in (problem, storage_problem) if found)
         billing.escalate(record, idle_minutes, rate, now)
         record["status"] = str(record["state"]).upper()
         record["check_mode"] = bool(self._task.check_mode)

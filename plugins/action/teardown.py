@@ -20,6 +20,7 @@ from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import (
     unknown_variables,
 )
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._teardown_flow import Teardown
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._teardown_peers import shared_instance_id
 
 display = Display()
 
@@ -29,12 +30,14 @@ class ActionModule(StageAction):
     PREFIX = "teardown_"
     VARIABLES = {"runs": "teardown_run", "confirm": "confirm_teardown"}
 
-    def refuse(self, task_vars: Dict[str, Any], args: Mapping[str, Any], problems: List[str]) -> Dict[str, Any]:
+    def refuse(
+        self, task_vars: Dict[str, Any], args: Mapping[str, Any], problems: List[str], step: str = "validate"
+    ) -> Dict[str, Any]:
         host = str(task_vars.get("inventory_hostname") or self._play_context.remote_addr)
         record = {"host": host, "runs": options.names(args.get("runs")) or ["?"], "check_mode": self._task.check_mode}
         rate, rate_problem = hourly_rate(task_vars, self._templar)  # a refused box still bills: its rate is on the line
         record.update(cost=box_cost(rate, None), warnings=[rate_problem] if rate_problem else [])
-        return self.finish(record, "REFUSED", "validate", "; ".join(problems))
+        return self.finish(record, "REFUSED", step, "; ".join(problems))
 
     def stage(self, args: Dict[str, Any], task_vars: Dict[str, Any]) -> Dict[str, Any]:
         host = str(task_vars.get("inventory_hostname") or self._play_context.remote_addr)
@@ -44,6 +47,10 @@ class ActionModule(StageAction):
         problems += more
         if settings is None or problems:
             return self.refuse(task_vars, args, problems)
+        if settings.instance:  # a meter-stop: another host of the play must not name the same instance
+            shared = shared_instance_id(task_vars, host, settings["instance_id"], settings["platform"])
+            if shared:
+                return self.refuse(task_vars, args, [shared], step="instance_id")
         flow = Teardown(self, settings, task_vars, host)
         key = settings["instance_id"] or str(task_vars.get("ansible_host") or host)
         try:

@@ -388,9 +388,11 @@ autostop:
   type: dict
 cost:
   description:
-    - What the box costs, from the host's C(hourly_usd) and training_run's C(box_started_at) (its first run's
-      start, else its container's), C(hourly_usd), C(since), C(hours), C(usd) (and C(note) when the box's start
-      is odd); null without C(hourly_usd).
+    - What the box costs, from the host's C(hourly_usd) (a number, or text that is one; a bad value is a warning,
+      never a refusal) and training_run's cost ledger (C(ledger), counted on the box's clock C(box_now)),
+      C(hourly_usd), C(since) (the ledger's C(first_seen), the rental's first sight), C(hours) (its running hours;
+      a stopped interval is not billed), C(usd) (and C(note) when the box's figures are odd); null without
+      C(hourly_usd).
   returned: always
   type: dict
 check_mode:

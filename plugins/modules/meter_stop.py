@@ -25,6 +25,11 @@ description:
     instance is gone, the command is B(not) run (C(changed=false), RV(already)). Else the C(cli_check) runs, if
     declared, and a CLI that fails it is refused before the verb runs. Then the command runs (a non-zero exit fails
     the module) and the status is polled every O(poll_interval_s) until a final state or gone, or O(timeout_s).
+  - B(A stale id.) With O(box_answered) (the box answered SSH moments before, so it runs), a first poll that finds
+    the instance gone, or in a final state of any declared verb read through the same status command (RunPod's
+    C(EXITED) for its C(delete) verb too), means C(instance_id) names another instance, so the module fails with
+    RV(stale_id) and runs nothing, rather than report C(already) while the box bills on, or delete a stopped
+    instance that is not this box.
   - B(An exit status of 0 proves nothing.) C(vastai destroy instance ID) without C(-y) asks, reads end-of-file and
     aborts with status 0 while the instance keeps billing; only the polled status counts.
   - B(Reading the status.) C(status.command) must exit 0 and print JSON; anything else (a traceback, C(API key not
@@ -73,6 +78,12 @@ options:
         3600.
     type: float
     default: 60
+  box_answered:
+    description:
+      - The box answered moments ago (teardown passes true after its gate ran on the box). A first poll that reads
+        the instance gone or stopped then fails the module as a stale or wrong instance id (RV(stale_id)).
+    type: bool
+    default: false
 extends_documentation_fragment:
   - remote_gpu.trainer.attributes
 attributes:
@@ -166,6 +177,11 @@ status_error:
     found)); empty when it read a state or gone.'
   returned: always
   type: str
+stale_id:
+  description: With O(box_answered), the first poll found the instance gone or stopped while its box answers, so
+    the id names another instance; nothing was run.
+  returned: always
+  type: bool
 msg:
   description: One line, for example C(ran runpodctl pod stop abc; the instance is EXITED after 2 polls in 5.0 s),
     or why the meter may still be running.
@@ -183,6 +199,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._meter
     meter_stop,
     parse_verb,
     plan_for,
+    stopped_states,
 )
 
 ARGUMENT_SPEC: Dict[str, Dict[str, Any]] = {
@@ -191,6 +208,7 @@ ARGUMENT_SPEC: Dict[str, Dict[str, Any]] = {
     "timeout_s": {"type": "float", "default": 300.0},
     "poll_interval_s": {"type": "float", "default": 5.0},
     "command_timeout_s": {"type": "float", "default": 60.0},
+    "box_answered": {"type": "bool", "default": False},
 }
 
 
@@ -207,6 +225,7 @@ def _result(verb: str, command: Any = None) -> Dict[str, Any]:
         "command_rc": None,
         "command_error": "",
         "status_error": "",
+        "stale_id": False,
     }
 
 
@@ -225,7 +244,10 @@ def main() -> None:
         extra = {"manual_steps": list(verb.manual_steps)} if verb.manual_steps else {}
         module.fail_json(msg=str(exc), **_result(verb.name, verb.command), **extra)
     try:
-        changed, result = meter_stop(plan, module.check_mode)
+        stopped = stopped_states(params["verbs"], verb)
+        changed, result = meter_stop(
+            plan, module.check_mode, box_answered=params["box_answered"], stopped_states=stopped
+        )
     except MeterStopError as exc:
         module.fail_json(**exc.result)
     module.exit_json(changed=changed, **result)

@@ -22,6 +22,16 @@ description:
   - Read-only on the box but for patrol_facts' own log cursors and its tick file (none in check mode).
   - The line also shows what the box's autostop will do and what the box costs so far (host variable
     C(hourly_usd)); a box with no live run for over O(idle_billing_minutes) escalates with problem C(idle_billing).
+    An autostop stop older than the container's start is history (the box was restarted), so the line says whether
+    the watcher is armed again, and idle_billing counts as for any idle box.
+  - A box that does not answer is asked about at its provider, from the controller, read-only, with the status
+    command of the profile's C(meter_stop_verb) (host variables C(meter_stop_verb), C(meter_stop_verbs),
+    C(instance_id)) and told apart (C(box_state)) as C(STOPPED) (the provider says stopped and we stopped it, the
+    box's autostop or a teardown, as the previous patrol report and teardown's report in C(patrol_report_dir) say;
+    or its owner did, by the status' C(intended_key)), C(INTERRUPTED) (stopped, no stop of ours on record, or the
+    intended state still running), C(GONE) (no longer listed) or C(UNREACHABLE) (the provider says it runs, or
+    could not be asked, and the line says why). A stopped box bills its storage (host variable
+    C(hourly_usd_stopped), the profile's C(stopped_bills)) instead of its GPU rate, from the stop on.
 author:
   - remote_gpu.trainer contributors (@remote-gpu-trainer)
 options:
@@ -119,12 +129,13 @@ EXAMPLES = r"""
 
 RETURN = r"""
 status:
-  description: The state in capitals (RUNNING, STALLED, ..., UNREACHABLE), as M(remote_gpu.trainer.stage_report)
-    reads it.
+  description: The state in capitals (RUNNING, STALLED, ..., STOPPED, INTERRUPTED, UNREACHABLE), as
+    M(remote_gpu.trainer.stage_report) reads it.
   returned: always
   type: str
 state:
-  description: The box's state, the worst among its runs and probes, or C(unreachable).
+  description: The box's state, the worst among its runs and probes; for a box that did not answer C(stopped),
+    C(interrupted) or C(unreachable) (a C(GONE) box too), by its C(box_state).
   returned: always
   type: str
 escalate:
@@ -169,8 +180,8 @@ python:
   returned: when the box was reachable
   type: str
 box:
-  description: patrol_facts' C(box) (C(since), C(container_started_at), C(live_runs), C(idle), C(idle_since),
-    C(runs_done)), each field checked; null when the box did not answer it.
+  description: patrol_facts' C(box) (C(since), C(box_now), C(ledger), C(container_started_at), C(live_runs),
+    C(idle), C(idle_since), C(runs_done)), each field checked; null when the box did not answer it.
   returned: always
   type: dict
 autostop:
@@ -180,18 +191,47 @@ autostop:
   returned: always
   type: dict
 cost:
-  description: What the box costs, C({hourly_usd, since, hours, usd}) (and C(note) when its start time is odd), from
-    the host's C(hourly_usd) and the box's C(since); null when C(hourly_usd) is unset or bad.
+  description: What the box costs, C({hourly_usd, since, hours, usd}) (and C(note) when the box's figures are odd),
+    from the host's C(hourly_usd) and the box's cost ledger (C(box.ledger), its running hours since C(since), the
+    rental's first sight, a stopped interval not billed), counted on the box's own clock (C(box.box_now)); null
+    when C(hourly_usd) is unset or bad. A stopped box's adds C(stopped_at) (where its GPU hours end),
+    C(hourly_usd_stopped) (what it bills now, null when unknown) and C(storage_usd) (what storage cost since the
+    stop, in C(usd)).
   returned: always
   type: dict
 cost_warning:
-  description: Why C(hourly_usd) was not used (one line naming it), else null.
+  description: Why C(hourly_usd) (or C(hourly_usd_stopped)) was not used (one line naming it), else null.
   returned: always
   type: str
 idle_billing:
-  description: The box's idle time, C({idle_s, hourly_usd, burning_usd, since}) (C(burning_usd) what the idle time
-    cost so far, null without a rate; C(since) the box's C(idle_since)), when no run is live; null when a run is
+  description: The box's idle time, C({idle_s, hourly_usd, burning_usd, since}) (C(idle_s) the box's C(box_now)
+    minus its C(idle_since), one clock; C(burning_usd) what the idle time cost so far, null without a rate; C(since)
+    the box's C(idle_since)), when no run is live; null when a run is
     live, the box did not say when it went idle, or O(idle_billing_minutes) is null.
   returned: always
   type: dict
+box_state:
+  description: C(RUNNING) (it answered), C(STOPPED), C(INTERRUPTED), C(GONE) or C(UNREACHABLE) (see the description);
+    a box that answered whose autostop's confirmed stop is newer than its container's start is C(STOPPED).
+  returned: always
+  type: str
+provider:
+  description: What the provider said of a box that did not answer, C({asked, says, state, intended, intended_stop,
+    error, command}) (C(says) stopped, gone or running; C(error) why it was not asked or gave no answer).
+  returned: when the box did not answer
+  type: dict
+our_stop:
+  description: The stop of ours behind a C(STOPPED) box, C({by, at, source, inferred}) (C(by) autostop or teardown;
+    C(inferred) when the autostop was due at C(at) on the last tick and the box's own record is out of reach).
+  returned: always
+  type: dict
+last_seen:
+  description: For a box that did not answer, the last tick that saw it run, C({at, since}) (C(since) its billing
+    start then).
+  returned: when the box did not answer
+  type: dict
+stopped_bills:
+  description: What a stopped instance still bills, as the profile's C(stopped_bills) says; null when not declared.
+  returned: always
+  type: str
 """

@@ -414,9 +414,11 @@ msg:
   sample: "running: run sweep, 1/3 cells done"
 box:
   description:
-    - The whole box, every run on it whatever O(run) patrols. C(since), when it started billing as far as the box
-      knows (the earliest C(started_at) among its runs but not before the container's start, as a box stopped and
-      started again was not billed while stopped; else the container's start); C(container_started_at), PID
+    - The whole box, every run on it whatever O(run) patrols. C(since), when it started billing, the cost ledger's
+      C(first_seen) (the rental's first sight, which archive, cleanup and resume never move); C(box_now), the box's
+      own clock (the controller counts idle time and cost on it); C(ledger), the box's cost ledger
+      C({first_seen, running_s, segments_total, segments, stopped_at, notes}) as training_run returns it (recorded by
+      each tick, except in check mode, which computes the same figures); C(container_started_at), PID
       1's start (the container's, or the machine's boot); C(live_runs), the runs whose runner or a cell of it is
       alive; C(idle), true when no run is live (null when the runs could not be read in time); C(idle_since), with
       no live run, the newest of the container's start and each run's last activity (the newest mtime of its
@@ -425,7 +427,15 @@ box:
   returned: always
   type: dict
   sample:
-    since: "2026-12-03T01:12:09Z"
+    since: "2026-12-03T01:02:44Z"
+    box_now: "2026-12-03T03:29:00Z"
+    ledger:
+      first_seen: "2026-12-03T01:02:44Z"
+      running_s: 8776.0
+      segments_total: 1
+      segments: [{start: "2026-12-03T01:02:44Z", end: null, ended_by: null, running_s: 8776.0}]
+      stopped_at: null
+      notes: []
     container_started_at: "2026-12-03T01:02:44Z"
     live_runs: []
     idle: true

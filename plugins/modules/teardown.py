@@ -13,17 +13,22 @@ description:
   - An action plugin; the role C(remote_gpu.trainer.teardown) maps its variables (C(teardown_<option>)) onto these
     options. Every step and status is described in C(docs/teardown.md).
   - "The gate: M(remote_gpu.trainer.teardown_gate) on the box judges the runs (over, every cell done, every durable
-    artifact re-hashed now) and, when the meter is to be stopped, the whole instance: every other run on it torn
-    down already or named in O(abandon_runs), no live process of any run, the box's own id (read from
-    O(instance_id_env)) equal to O(instance_id), and for an irreversible verb the durable directory on another device
-    than data_dir."
+    artifact re-hashed now) and, when the meter is to be stopped, the whole instance: every other run on it, in every
+    data dir of the box (those launches registered, and those a live run's marker names), torn down already or named
+    in O(abandon_runs) (a finished or archived one loses nothing by a verb that keeps data_dir and durable_dir), no
+    live process of any run, no process using a GPU outside every run unless O(abandon_gpu_users), the box's own id
+    (read from O(instance_id_env)) equal to O(instance_id), and for an irreversible verb the durable directory on
+    another device than data_dir."
   - Then, on the controller, the durable directory must survive the verb that runs (O(meter_stop_verbs)), the pull
     with rsync over the connection's own SSH command (ControlPath included) must verify by size and sha256, and the
     load-verify command must pass on every chosen artifact.
   - Only when O(confirm) names the host, M(remote_gpu.trainer.run_scratch) removes the runs' scratch (each cell's
     durable files re-hashed right before its scratch goes) and the verb runs from the controller, polled until the
     provider's status says the instance stopped. A per-box lock on the controller keeps a second teardown of the
-    same instance from running at the same time.
+    same instance from running at the same time; on the box, the gate takes the box lease (outside check mode), so
+    the autostop watcher does not stop the box in the middle of the pull or the load-verify, and a teardown from
+    another controller is refused (C(box_lease)). M(remote_gpu.trainer.box_lease) refreshes it before each long step
+    and gives it back before the meter-stop, or when the teardown stops early; it expires by itself.
   - The record (the task's result) has the status C(TORN_DOWN), C(CLEANED), C(CHECKED), C(UNCONFIRMED),
     C(STOP_BY_HAND), C(REFUSED), C(FAILED) or C(UNREACHABLE); the task itself does not fail, so the report step sees
     every box. M(remote_gpu.trainer.stage_verdict) turns it into the play's outcome.
@@ -39,10 +44,17 @@ options:
     type: bool
     default: true
   abandon_runs:
-    description: Other runs on the box that the meter-stop may lose; each is listed with what it loses.
+    description: Other runs on the box that the meter-stop may lose, in any of its data dirs; each is listed with
+      what it loses.
     type: list
     elements: str
     default: []
+  abandon_gpu_users:
+    description: Let the meter-stop kill the processes that use a GPU outside every run (a job started by hand);
+      each is named in the warnings. Without it such a process refuses the box at C(gpu_users). O(stop_running)
+      never stops them.
+    type: bool
+    default: false
   data_dir:
     description: The box's scratch directory (absolute).
     type: str
@@ -226,8 +238,10 @@ warnings:
   elements: str
 cost:
   description: With the host variable C(hourly_usd), what the box cost up to its teardown, C(hourly_usd),
-    C(since) (the gate's C(instance.box_started_at)), C(hours) and C(usd) (rounded to cents; null with C(since)
-    when the box's start is unknown), and C(meter_stopped) true once this teardown stopped the meter (the box then
+    C(since) (the gate's C(instance.box_started_at), the ledger's first sight of the rental), C(hours) (the gate's
+    C(instance.ledger) running hours, on the box's clock, plus the time this teardown took since the gate) and
+    C(usd) (rounded to cents; null with C(since) when the box sent no ledger and its start is unknown), and
+    C(meter_stopped) true once this teardown stopped the meter (the box then
     leaves the summary's total per hour); null without C(hourly_usd) or with a bad one.
   returned: always
   type: dict

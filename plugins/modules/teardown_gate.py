@@ -14,8 +14,14 @@ description:
   - The box's part of teardown's gate, on the collection's run layout contract (C(<data_dir>/runs/<run>/) and
     C(<durable_dir>/runs/<run>/)). One call judges every run of O(runs) (every run on the box when empty) and,
     with O(instance), the box itself. Each run stops at its first failed step; RV(step) and RV(reason) are the
-    first failure in the order C(instance_id), C(run_alive), C(cells), C(durable), C(other_runs),
-    C(same_filesystem).
+    first failure in the order C(box_lease), C(instance_id), C(run_alive), C(cells), C(durable), C(other_runs),
+    C(gpu_users), C(same_filesystem).
+  - B(box_lease.) With O(hold_box) (never in check mode) the gate first takes the box for this teardown (the box
+    lease in the instance directory, C(~/.remote_gpu_trainer/instance/box-lease.json) or C($RGT_INSTANCE_DIR));
+    the autostop watcher does not stop a box while a lease is active. Another holder's unexpired lease (a teardown
+    from another controller, the watcher stopping the box) refuses here and nothing else is judged. Once judged,
+    the lease is held for O(hold_box.ttl_s) more; it expires by itself, so a controller that dies never pins the
+    box. M(remote_gpu.trainer.teardown) refreshes it with each later box call and gives it back at its end.
   - B(instance_id.) With O(instance_id), each variable of O(instance_id_env) is read from the module's
     environment, then from C(/proc/1/environ) (containers keep the platform's variables in PID 1's environment).
     A value that is neither O(instance_id) nor C(C.) followed by it (Vast.ai's label) refuses. When the box tells
@@ -35,11 +41,22 @@ description:
     M(remote_gpu.trainer.run_scratch), no run directory), or whose removal did not finish (tombstone state
     C(removing), run directory half gone), passes the first two steps, and its durable copy is recomputed
     against its C(MANIFEST.sha256).
-  - B(other_runs.) With O(instance), every other run on the box (a directory under C(<data_dir>/runs/), or a
-    tombstone) must be torn down already (tombstone, no scratch), and no live process may carry any run's
-    marker, unless the run is named in O(abandon_runs). A refusal names each such run, its state and what it
-    would lose; abandoned runs never refuse and are listed with what they lose. Runs archived under
-    C(<data_dir>/runs/.archive/) (M(remote_gpu.trainer.run_archive)) count too, as they may hold the only results.
+  - B(other_runs.) With O(instance), every other run on the box must be torn down already (tombstone, no
+    scratch), and no live process may carry any run's marker, unless the run is named in O(abandon_runs). The box
+    is every data dir it knows, not only O(data_dir); each data dir a launch registered on the box
+    (M(remote_gpu.trainer.training_run) writes C(data_dirs.json) in the instance directory) and each one a live
+    process's C(RGT_RUN_DIR) names. A run of another data dir is named with it (C(run r2 in /root/scratch) and
+    what it would lose); an empty O(runs) means every run of O(data_dir) only. A refusal names each such run,
+    its state and what it would lose; abandoned runs never refuse and are listed with what they lose. Runs
+    archived under C(<data_dir>/runs/.archive/) (M(remote_gpu.trainer.run_archive)) count too, as they may hold
+    the only results.
+  - What the stop keeps decides whether a run that is over loses anything. When O(survives) names both
+    C(data_dir) and C(durable_dir), an archived run, or a finished one (DONE, nothing of it live), whose data dir
+    and durable dir lie on the filesystems of O(data_dir) and O(durable_dir) loses nothing by the stop and does
+    not refuse (a note names it); otherwise it refuses as any other run.
+  - B(gpu_users.) With O(instance), no process may use a GPU (hold a C(/dev/nvidia<N>) open) outside every run;
+    a job started by hand (C(setsid nohup python3 train.py)) carries no run marker, and the meter-stop would kill
+    it. The refusal names its pid, name and GPUs; O(abandon_gpu_users) lets the stop go on, named in the notes.
   - B(same_filesystem.) With O(instance) and O(irreversible), O(durable_dir) (or its nearest existing parent)
     must not have the C(st_dev) of O(data_dir), since an irreversible verb destroys both.
   - Read-only. Every read of O(data_dir) and O(durable_dir) happens in a forked child under a deadline, so a
@@ -91,6 +108,32 @@ options:
     type: list
     elements: str
     default: []
+  survives:
+    description: What the meter-stop keeps, from its verb's C(survives) (C(data_dir), C(durable_dir)); with both, a
+      finished or archived run on those filesystems loses nothing by the stop and does not refuse (O(instance)).
+    type: list
+    elements: str
+    choices: [data_dir, durable_dir]
+    default: []
+  abandon_gpu_users:
+    description: Let the meter-stop kill the processes that use a GPU outside every run (O(instance)); each is
+      named in the notes. Without it such a process refuses at C(gpu_users).
+    type: bool
+    default: false
+  hold_box:
+    description: Take the box for this teardown before it is judged, and hold it for C(ttl_s) seconds once judged
+      (refreshed by a later call with the same C(token)). Nothing is taken in check mode.
+    type: dict
+    suboptions:
+      token:
+        description: This teardown's own token (letters, digits and C(_.:-), at most 128); another token's lease
+          refuses at C(box_lease).
+        type: str
+        required: true
+      ttl_s:
+        description: Seconds the lease lasts after the gate, 1 to 14400; it expires by itself after them.
+        type: float
+        default: 900
   instance_id:
     description: The instance the controller is about to stop; checked against the id the box tells
       (O(instance_id_env)). Empty skips the check.
@@ -117,7 +160,8 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: The module changes nothing in any mode.
+    details: The module changes nothing on the runs in any mode; with O(hold_box), outside check mode, it writes the
+      box lease.
 seealso:
   - module: remote_gpu.trainer.copy_verify
   - module: remote_gpu.trainer.run_scratch
@@ -148,8 +192,8 @@ passed:
   returned: always
   type: bool
 step:
-  description: The first failed step, C(instance_id), C(run_alive), C(cells), C(durable), C(other_runs) or
-    C(same_filesystem); null when the gate passed.
+  description: The first failed step, C(box_lease), C(instance_id), C(run_alive), C(cells), C(durable),
+    C(other_runs), C(gpu_users) or C(same_filesystem); null when the gate passed.
   returned: always
   type: str
 reason:
@@ -180,8 +224,9 @@ runs:
       description:
         - C(dir) (C(<durable_dir>/runs/<run>)), C(exists), C(files) and C(bytes) compared, C(mismatches) (each
           C(path) and C(problem), with C(size), C(sha256), C(expected_size) and C(expected_sha256) where known),
-          C(manifest) (C(path), C(sha256) of the manifest file, C(lines), C(bad_lines)) and C(extra) (files there
-          that the manifest does not list).
+          C(manifest) (C(path), C(sha256) of the manifest file, C(lines), C(bad_lines), and C(known_bad), the C(path)
+          and C(bad) kind, for example C(non-finite), of each copy a check of the run refused, as the manifest marks it
+          with a C(# bad) comment) and C(extra) (files there that the manifest does not list).
       type: dict
     artifacts:
       description: The durable copy's files as recomputed now, C(path) (relative to C(<durable_dir>/runs/<run>/)),
@@ -197,24 +242,46 @@ runs:
     notes: {description: What the gate noticed about the run without failing., type: list, elements: str}
 instance:
   description:
-    - The box. C(runs_on_box) (listed with O(instance) or empty O(runs)); C(other_runs), each C(name), C(state)
+    - The box. C(runs_on_box) (listed with O(instance) or empty O(runs)); C(data_dirs), every data dir of the box
+      judged (O(data_dir) first); C(other_runs), each C(name), C(data_dir) (where it lies), C(label) (the name, with
+      C(in <data_dir>) for another data dir and C((as .archive/<entry>\)) for an archived run), C(state)
       (C(running), C(finished), C(stopped), C(removing), C(unknown), C(absent), C(torn_down) or C(archived)),
       C(archived) (the archive entry's name, or null), C(torn_down),
-      C(abandoned), C(would_lose) (one line, for example C(2 cells' scratch (1.5 GiB\), 3 durable files not
-      pulled)), C(pids), C(cells), C(bytes), C(durable_files); C(live_marker_pids) (live processes carrying the
-      marker of a run not in O(runs)).
+      C(abandoned), C(kept) (the stop keeps its disk, see O(survives)), C(would_lose) (one line, for example C(2
+      cells' scratch (1.5 GiB\), 3 durable files not pulled)), C(pids), C(cells), C(bytes), C(durable_files);
+      C(live_marker_pids) (live processes carrying the marker of a run not in O(runs), in any data dir).
+    - C(gpu_users), each process using a GPU outside every run (C(pid), C(name), C(command), C(gpus)), at most 20;
+      C(gpu_users_unreadable), how many processes' open files could not be read (another user's).
+    - An archived run's entry also says where its scratch lies (C(data_dir), C(scratch_dir)) and where its durable
+      copy is (C(durable_dir), the archived copy's directory, or null when it has none; C(durable_moved), whether
+      the archive moved it out of reach of a new run of its name; C(durable_files), the entries of its manifest;
+      C(durable_verified), every entry there at its listed size, null without a copy; C(durable_check), C(size);
+      C(durable_problem), why it does not verify or was not found, or null). See docs/archive.md.
     - C(id_checked), C(id_expected), C(id_found), C(id_source) (the variable and where it was read);
       C(same_device) (null when not compared), C(data_dev), C(durable_dev).
-    - C(box_started_at), since when the box bills (ISO 8601 UTC ending in C(Z), whatever the verdict, with or
-      without O(instance)); the earliest C(started_at) in the C(run.json) of the runs on the box, but not before the
-      start of PID 1 (the container's start, or the machine's boot; a box stopped and started again was not billed
-      meanwhile); the start of PID 1 without runs, or when data_dir does not answer; null when neither can be read.
-      A start before 2000 or more than a day ahead is ignored. Teardown's cost counts from it.
+    - The box's cost ledger, whatever the verdict, with or without O(instance), read only (the gate records
+      nothing). C(box_started_at), since when the box bills (ISO 8601 UTC ending in C(Z)), the ledger's
+      C(first_seen) (the rental's first sight, the earliest of the ledger's own, PID 1's start and, before a
+      ledger exists, the runs' C(started_at); a start before 2000 or more than a day ahead is ignored);
+      C(box_now), the box's own clock; C(ledger), C({first_seen, running_s, segments_total, segments, stopped_at,
+      notes}) as training_run returns it (C(running_s), the seconds the box ran over every boot, a stopped
+      interval not counted). Teardown's cost counts from it, on the box's clock.
+  returned: always
+  type: dict
+lease:
+  description: The box lease this teardown holds after the call (C(holder), C(token), C(since), C(until)), or null
+    (no O(hold_box), check mode, or not taken).
+  returned: always
+  type: dict
+held_by:
+  description: Another stage's lease that refused the gate at C(box_lease) (C(holder), C(token), C(since), C(until)),
+    or null.
   returned: always
   type: dict
 notes:
   description: What the gate noticed about the box without failing (an id not cross-checked, abandoned runs and
-    what they lose, an O(abandon_runs) name not on the box).
+    what they lose, runs the stop keeps, abandoned GPU users, an O(abandon_runs) name not on the box, the box lease
+    not taken).
   returned: always
   type: list
   elements: str
@@ -242,6 +309,15 @@ ARGUMENT_SPEC = {
     "instance_id_env": {"type": "list", "elements": "str", "default": []},
     "irreversible": {"type": "bool", "default": False},
     "verify_timeout_s": {"type": "float", "default": 1800.0},
+    "survives": {"type": "list", "elements": "str", "choices": ["data_dir", "durable_dir"], "default": []},
+    "abandon_gpu_users": {"type": "bool", "default": False},
+    "hold_box": {
+        "type": "dict",
+        "options": {
+            "token": {"type": "str", "required": True, "no_log": False},
+            "ttl_s": {"type": "float", "default": 900.0},
+        },
+    },
 }
 OPTION_BOUNDS = {
     "data_dir": NonEmpty(),
@@ -254,7 +330,7 @@ def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     check_options(module, OPTION_BOUNDS)
     try:
-        result = teardown_gate(module.params)
+        result = teardown_gate(module.params, check_mode=module.check_mode)
     except ValueError as exc:  # a name or path only the layout's rules can judge: the message names the option
         module.fail_json(msg=str(exc))
     message = "gate passed" if result["passed"] else f"{result['step']}: {result['reason']}"

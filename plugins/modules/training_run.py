@@ -70,10 +70,15 @@ description:
     (0600; variable names, never their values) when the configuration differs from the armed one (a new
     generation; otherwise C(changed=false)), and starts the detached watcher (C(<data_dir>/runs/.autostop/runner/),
     log C(watch.log)) unless a live one holds C(watch.lock). The watcher stops the instance, at most once per
-    generation and only with a reversible verb, once every run on the box is C(DONE) and teardown's instance gate
+    generation and only with a reversible verb, once every run on the box, in every data dir the box knows (the
+    data dir registry launch writes, the run markers of live processes), is C(DONE) and teardown's instance gate
     passes on the box, after O(autostop.idle_minutes) with no new run, or after O(autostop.controller_silence_hours)
-    without a patrol tick; it writes its decision to C(<data_dir>/runs/.autostop.json). O(autostop.disarm) marks
-    C(armed.json) disarmed and the watcher exits.
+    without a patrol tick; it writes its decision to C(<data_dir>/runs/.autostop.json). A process that uses a GPU
+    outside every run, or a stage holding the box (a teardown's lease), holds the stop back. With a verb that keeps
+    data_dir and durable_dir (C(survives)), an archived run does not block the stop, and the dead-man also stops a
+    box whose run ended with a failed cell (every other copy verified); with any other verb RV(autostop.blocked_by)
+    and RV(autostop.caveats) say so when arming. O(autostop.disarm) marks C(armed.json) disarmed and the watcher
+    exits.
 author:
   - remote_gpu.trainer contributors (@remote-gpu-trainer)
 requirements:
@@ -236,6 +241,13 @@ options:
     description: Seconds between SIGTERM and SIGKILL when a cell times out or the run stops, between 0 and 3600.
     type: float
     default: 30
+  stopped_by:
+    description:
+      - With O(state=stopped), who stops the run, one word (teardown's C(stop_running) passes V(teardown)). It is
+        written to C(<data_dir>/runs/<run>/stop.json) (C(by), C(at)) before the signal, so each cell the stop ends
+        reads C(reason=stopped by teardown at HH:MM UTC), with C(stopped_by), in its C(result.json) and C(exit.json)
+        instead of C(run stopped).
+    type: str
   monitor_interval_s:
     description: Seconds between two resource samples in C(monitor.jsonl), between 0.1 and 86400.
     type: float
@@ -558,6 +570,16 @@ autostop:
     decision:
       description: The watcher's last decision from C(.autostop.json) (C(state), C(reason), C(due_at)), or null.
       type: dict
+    blocked_by:
+      description: One line per archived run, in any data dir of the box, that blocks every stop because the verb
+        does not keep data_dir and durable_dir (its C(survives)); empty when the verb keeps both.
+      type: list
+      elements: str
+    caveats:
+      description: What the armed stop will never do, such as the dead-man disabled by a run that ended with a
+        failed cell when the verb does not keep data_dir and durable_dir; empty otherwise.
+      type: list
+      elements: str
 autostop_refused:
   description: True when the call failed because the box cannot arm the autostop it was asked for (its id, the
     key or the stop command's binary is missing, or the verb is not a stop); nothing was started.
@@ -565,12 +587,47 @@ autostop_refused:
   type: bool
   sample: true
 box_started_at:
-  description: Since when the box bills (ISO 8601 UTC), the earliest C(started_at) of the runs on it, not before the
-    container's start (PID 1's; a box stopped and started again was not billed meanwhile); the container's start
-    without runs; null when neither is known. The controller counts the box's cost from it.
+  description: Since when the box bills (ISO 8601 UTC), kept for compatibility; the same as RV(ledger.first_seen).
   returned: success
   type: str
   sample: "2026-12-04T10:15:02Z"
+box_now:
+  description: The box's own clock when it answered (ISO 8601 UTC); the controller counts every duration on it, so a
+    box clock off the controller's changes no cost.
+  returned: success
+  type: str
+  sample: "2026-12-06T21:40:09Z"
+ledger:
+  description:
+    - The box's cost ledger (one per box, in the instance dir and mirrored into each data dir as
+      C(<data_dir>/runs/.instance/ledger.json)), recorded on the box except in check mode, which computes the same
+      figures. It never decreases (archive, cleanup and a resume that rewrites C(started_at) leave it as it was).
+  returned: success
+  type: dict
+  contains:
+    first_seen:
+      description: The rental's first sight (ISO 8601 UTC), the earliest of the ledger's own, the container's start
+        (PID 1's) and, when the ledger was first made, the runs' C(started_at).
+      type: str
+    running_s:
+      description: Seconds the box ran, over every billing segment (a boot, from its PID 1 start, to the stop of ours
+        that ended it, else to when it was last seen; the current one to RV(box_now)); a stopped interval is not
+        counted. The controller's cost is the host's C(hourly_usd) times these hours.
+      type: float
+    segments_total: {description: How many segments (boots) the ledger holds., type: int}
+    segments:
+      description: The newest 8 segments, C({start, end, ended_by, running_s}); C(end) null for the current one,
+        C(ended_by) C(autostop) or C(teardown) for a stop of ours, null for one that ended without it.
+      type: list
+      elements: dict
+    stopped_at:
+      description: A stop of ours recorded during this boot (ISO 8601 UTC; issued, yet the box still answered), or
+        null.
+      type: str
+    notes:
+      description: Copies of the ledger or the stop record that could not be read or written, one line each.
+      type: list
+      elements: str
 skipped_cells:
   description: Names of the cells skipped because they were already done.
   returned: always
@@ -651,6 +708,7 @@ ARGUMENT_SPEC = {
     "detach": {"type": "str", "choices": ["auto", "tmux", "setsid"], "default": "auto"},
     "allow_concurrent": {"type": "bool", "default": False},
     "stop_grace_s": {"type": "float", "default": 30.0},
+    "stopped_by": {"type": "str"},
     "monitor_interval_s": {"type": "float", "default": 30.0},
     "monitor_max_bytes": {"type": "int", "default": 8388608},
     "shard": {

@@ -28,6 +28,8 @@ from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._fleet_page_plo
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import one_line
 
 UNREACHABLE = "unreachable"
+# box_state of a box that did not answer, shown instead of "unreachable" (what the provider said of it).
+DOWN = ("STOPPED", "INTERRUPTED", "GONE")
 LATEST = "patrol-latest.html"
 MAX_REASONS = 20
 MAX_RUNS = 8
@@ -183,13 +185,15 @@ def eta_text(seconds: Any) -> str:
 
 def _state(record: Mapping[str, Any]) -> str:
     state = record.get("state")
+    if record.get("box_state") in DOWN and record.get("reachable") is False:
+        return str(record["box_state"]).lower()
     if state == UNREACHABLE or record.get("reachable") is False:
         return UNREACHABLE
     return state if isinstance(state, str) and state in STATE_ORDER else "unknown"
 
 
 def _order(box: Mapping[str, Any]) -> Tuple[bool, int, str]:
-    rank = -1 if box["state"] == UNREACHABLE else STATE_ORDER.index(box["state"])
+    rank = STATE_ORDER.index(box["state"]) if box["state"] in STATE_ORDER else -1
     return (box["escalate"] != "true", rank, box["host"])
 
 
@@ -261,18 +265,23 @@ def _box(record: Any) -> Dict[str, Any]:
     if len(given) > MAX_REASONS:
         reasons.append(f"+{len(given) - MAX_REASONS} more reasons in the JSON report")
     cost = _mapping(record.get("cost"))
+    # A stopped box bills its storage from the stop on: that rate, not the GPU's, with the cost so far.
+    rate = num(cost.get("hourly_usd")) if cost.get("stopped_at") is None else num(cost.get("hourly_usd_stopped"))
+    shown = cost_text({"hourly_usd": rate, "usd": num(cost.get("usd"))})
+    if cost.get("stopped_at") is not None:
+        shown = f"stopped, storage {shown or 'rate unknown'}"
     headline = _text(record.get("headline")) or _text(record.get("msg"))
     return {
         "host": _text(record.get("host"), 120) or "?",
         "state": state,
-        "escalate": "true" if record.get("escalate") is True or state in (UNREACHABLE, "unknown") else "false",
+        "escalate": "true" if record.get("escalate") is True or state in (UNREACHABLE, "gone", "unknown") else "false",
         "headline": "" if reasons and headline.endswith(reasons[0]) else headline,  # said once
         "reasons": reasons,
-        "cost": cost_text({"hourly_usd": num(cost.get("hourly_usd")), "usd": num(cost.get("usd"))}),
+        "cost": shown,
         "cost_warning": _text(record.get("cost_warning"), 160),
         "runs": [_run(run) for run in runs[:MAX_RUNS]],
         "runs_more": max(len(runs) - MAX_RUNS, 0),
-        "no_runs": "no data: the box did not answer" if state == UNREACHABLE else "no runs on this box",
+        "no_runs": "no data: the box did not answer" if record.get("reachable") is False else "no runs on this box",
     }
 
 

@@ -189,7 +189,7 @@ class Launch:
             "attach": None,
             "pgid": None,
             "detach": None,
-            "warnings": [],
+            "warnings": [settings["hourly_usd_warning"]] if settings.get("hourly_usd_warning") else [],
             "autostop": None,
             "cost": box_cost(settings["hourly_usd"], None),
             "check_mode": self.check_mode,
@@ -360,8 +360,13 @@ class Launch:
         record = self.record
         record.update({key: answer[key] for key in MODULE_KEYS if answer.get(key) is not None})
         self.autostop(answer)
-        # Since the box's first run (else its container) started: what this box has cost so far.
-        record["cost"] = box_cost(self.settings["hourly_usd"], answer.get("box_started_at"))
+        # The box's ledger (its running hours since the rental was first seen), counted on the box's own clock.
+        record["cost"] = box_cost(
+            self.settings["hourly_usd"],
+            answer.get("box_started_at"),
+            box_now=answer.get("box_now"),
+            ledger=answer.get("ledger"),
+        )
         record["launch_id"] = answer.get("launch_id") or record["launch_id"]
         record["warnings"] += [one_line(warning) for warning in answer.get("warnings") or []]
         cells = [cell for cell in answer.get("cells") or [] if isinstance(cell, Mapping)]

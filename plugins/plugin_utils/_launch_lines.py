@@ -122,18 +122,29 @@ def _autostop_terms(autostop: Mapping[str, Any]) -> str:
     return "stops the box once every run is secured"
 
 
+def _autostop_blocked(autostop: Mapping[str, Any]) -> str:
+    """``, but archived run r0 ... blocks it: ...;`` when an archived run blocks every stop of the armed verb."""
+    blocked = [str(line) for line in _list(autostop.get("blocked_by"))]
+    if not blocked:
+        return ":"
+    more = f"; and {len(blocked) - 1} more archived run{'s' if len(blocked) > 2 else ''}" if len(blocked) > 1 else ""
+    return f", but {blocked[0]}{more};"
+
+
 def _autostop_part(autostop: Any, check_mode: bool) -> str:
-    """What launch did to the box's autostop: armed, stays armed, would arm, disarmed; and a watcher in trouble."""
+    """What launch did to the box's autostop: armed, stays armed, would arm, disarmed; an archived run that blocks
+    it, what a failed cell does to its dead-man, and a watcher in trouble."""
     if not isinstance(autostop, Mapping):
         return ""
     changed, armed, terms = bool(autostop.get("changed")), bool(autostop.get("armed")), _autostop_terms(autostop)
-    asked = autostop.get("asked")
+    asked, but = autostop.get("asked"), _autostop_blocked(autostop)
+    caveats = "".join(f"; {caveat}" for caveat in _list(autostop.get("caveats")))
     if asked == "disarm":
         said = "autostop not armed" if not changed else ("would disarm autostop" if check_mode else "autostop disarmed")
     elif asked == "arm" and changed:
-        said = f"would arm autostop: {terms}" if check_mode else f"autostop armed: {terms}"
+        said = f"would arm autostop{but} {terms}{caveats}" if check_mode else f"autostop armed{but} {terms}{caveats}"
     elif armed:
-        said = f"autostop stays armed: {terms}"
+        said = f"autostop stays armed{but} {terms}{caveats}"
     elif asked == "arm":
         said = f"autostop not armed: {autostop.get('reason') or 'training_run gave no reason'}"
     else:

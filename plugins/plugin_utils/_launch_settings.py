@@ -30,7 +30,8 @@ decrypts a vault-encrypted secret file.
 - ``preflight``: ``{skip, require, max_age_s, report_dir}``; ``runtime_python``; ``base_python``;
   ``probe_timeout_s`` (float); ``task_timeout_s``, ``sync_timeout_s`` (int); ``report_dir``.
 - ``autostop``: training_run's ``autostop`` option (also in ``module_args``, there only when not None), see
-  ``_launch_autostop``; ``hourly_usd``: the host's rate (float) or None (a bad one refuses the box).
+  ``_launch_autostop``; ``hourly_usd``: the host's rate (float) or None; ``hourly_usd_warning``: why a bad one was
+  left out (one line naming hourly_usd, or None): a warning as in every stage, never a refusal.
 
 ``plain_message(message)`` tells an argument-spec message in the same plain words (for ``StageAction.in_variables``).
 """
@@ -442,9 +443,8 @@ def settings_of(
     host = str(task_vars.get("inventory_hostname") or "")
     shard, shard_problems = _shard(options, task_vars, host)
     stop, stop_problems = autostop.autostop_of(options, task_vars, templar, host)
-    rate, rate_problem = hourly_rate(task_vars, templar)
+    rate, rate_problem = hourly_rate(task_vars, templar)  # a bad rate only loses the cost: a warning, as everywhere
     problems += more + secret_problems + env_problems + verify_problems + shard_problems + stop_problems
-    problems += [rate_problem] if rate_problem else []
     if problems:
         return None, problems
     index, count = (shard["index"], shard["count"]) if shard else (0, 1)
@@ -483,4 +483,5 @@ def settings_of(
         "report_dir": options["report_dir"],
         "autostop": stop,
         "hourly_usd": rate,
+        "hourly_usd_warning": rate_problem,
     }, []

@@ -2,8 +2,9 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The notifications of a patrol tick: which to send, sending them, and the state kept between ticks.
 
-One message per host with a problem id it did not have on the previous tick (``escalated``) and one per host whose
-problems all cleared (``cleared``). The state file is locked from its read to its write, so two ticks at once send
+One message per host with a problem id it did not have on the previous tick (``escalated``; ``warning`` for a box
+the provider stopped without us, INTERRUPTED) and one per host whose problems all cleared (``cleared``); a box we
+stopped (STOPPED) gets none. The state file is locked from its read to its write, so two ticks at once send
 one message per problem; every message of a tick shares one deadline, so a hung webhook costs a tick seconds. The
 webhook URL is a secret: it is never part of an error, a line or the state.
 """
@@ -17,6 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_states as states
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._patrol_record import (
     CONSOLE_ADVICE,
     UNREACHABLE,
@@ -80,6 +82,8 @@ def _slack(text: str) -> str:
 
 
 def _state_of(record: Mapping[str, Any]) -> str:
+    if record.get("box_state") in (states.STOPPED, states.INTERRUPTED, states.GONE):
+        return str(record["box_state"]).lower()
     if record.get("reachable") is False or record.get("state") == UNREACHABLE:
         return UNREACHABLE
     state = record.get("state")
@@ -93,9 +97,15 @@ def _run_of(problem: str) -> Optional[str]:
 
 def _active(record: Mapping[str, Any], before: Sequence[str]) -> List[str]:
     """The problem ids a host has after this tick: its own when escalated, plus the previous ones this tick did not
-    examine (an unreachable host examined nothing; a tick filtered by run examined only ``examined_runs``)."""
-    if _state_of(record) == UNREACHABLE:
-        return sorted({*before, UNREACHABLE})
+    examine (a host that did not answer examined nothing; a tick filtered by run examined only ``examined_runs``).
+    A box down keeps the previous problems but another box-down one (unreachable, gone, interrupted); a STOPPED box
+    only its runs' (an idle_billing of the box that stopped is over: were it restarted, it is told again)."""
+    if record.get("box_state") == states.STOPPED:
+        return sorted(problem for problem in before if _run_of(problem) is not None)
+    if record.get("reachable") is False or record.get("state") == UNREACHABLE:
+        down = [states.PROBLEMS[key] for key in states.PROBLEMS]
+        now_down = states.PROBLEMS.get(str(record.get("box_state")), UNREACHABLE)
+        return sorted({*(problem for problem in before if problem not in down), now_down})
     own: List[str] = []
     if record.get("escalate") is True:
         own = _strings(record.get("problems")) or [f"escalated:{_state_of(record)}"]
@@ -139,8 +149,12 @@ def _message(host: str, event: str, problems: List[str], record: Mapping[str, An
     state = _state_of(record)
     if event == "cleared":
         text = f":white_check_mark: *{host}* cleared, now {state}: was {', '.join(was)}"
+    elif state == UNREACHABLE and record.get("box_state") == states.UNREACHABLE:
+        text = f":warning: *{host}* unreachable: {_first_reason(record)}"  # the provider's answer with it
     elif state == UNREACHABLE:
         text = f":warning: *{host}* unreachable: {record.get('error') or 'unreachable'}; {CONSOLE_ADVICE}"
+    elif state in (states.GONE.lower(), states.INTERRUPTED.lower()):
+        text = f":warning: *{host}* {state}: {_first_reason(record)}"
     else:
         actions = _strings(record.get("actions")) or []
         text = f":rotating_light: *{host}* escalated, {state}: {_first_reason(record)}"
@@ -176,8 +190,12 @@ def plan(previous_state: Any, records: Sequence[Mapping[str, Any]], now: str, mo
         before = previous.get(host, {}).get("problems", [])
         active = _active(record, before)
         new = [problem for problem in active if problem not in before]
-        if new:
-            result.messages.append(_message(host, "escalated", new, record, before))
+        if record.get("box_state") == states.STOPPED:
+            pass  # stopped on purpose: no warning, and nothing to clear (its problems are moot while it is down)
+        elif new:
+            # An interrupted box is a warning (its results may be stranded), not an alarm: told once, as one.
+            event = "warning" if record.get("box_state") == states.INTERRUPTED else "escalated"
+            result.messages.append(_message(host, event, new, record, before))
         elif before and not active:
             result.messages.append(_message(host, "cleared", before, record, before))
         if active:

@@ -4,8 +4,9 @@
 ``idle_billing`` escalation of a box that bills with no live run.
 
 The box is untrusted: each fact is copied only when it has the documented type, so a garbage field is dropped (and
-named by the record) instead of breaking the line. Idle time is counted on the controller's clock from the box's
-``idle_since``; a box clock ahead of ours counts as not idle yet, never as a negative time.
+named by the record) instead of breaking the line. Idle time is counted on the box's own clock (its ``box_now``
+minus its ``idle_since``), so a box clock hours off ours changes nothing; only a box that sent no ``box_now`` is
+counted on the controller's clock, where a box clock ahead of ours counts as not idle yet, never a negative time.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from datetime import datetime
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol._cells import finite
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import ledger_of
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import parse_since as moment
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import one_line
 
@@ -27,7 +29,7 @@ STOPS = ("stopping", "stopped")
 # States in which the watcher is meant to be running (it exits once stopped, disarmed or out of attempts).
 WATCHED = (None, "waiting", *WAITS, "silence_wait", "gate_failed", "stopping")
 SHOWN_NAMES = 5
-BOX_TEXT = ("since", "container_started_at", "idle_since")
+BOX_TEXT = ("since", "container_started_at", "idle_since", "box_now")
 BOX_NAMES = ("live_runs", "runs_done")
 AUTOSTOP_TEXT = ("state", "reason", "due_at", "next_check_at", "updated_at", "trigger", "generation")
 AUTOSTOP_NUMBERS = (
@@ -74,7 +76,8 @@ def box_facts(value: Any) -> Tuple[Optional[Dict[str, Any]], bool]:
     box: Dict[str, Any] = {key: _text(value.get(key), 64) for key in BOX_TEXT}
     box.update({key: _names(value.get(key)) or [] for key in BOX_NAMES})
     box["idle"] = value.get("idle") if isinstance(value.get("idle"), bool) else None
-    ok = all(value.get(key) is None or box[key] is not None for key in (*BOX_TEXT, "idle"))
+    box["ledger"] = ledger_of(value.get("ledger"))
+    ok = all(value.get(key) is None or box[key] is not None for key in (*BOX_TEXT, "idle", "ledger"))
     ok = ok and all(value.get(key) is None or _names(value.get(key)) is not None for key in BOX_NAMES)
     return box, ok
 
@@ -124,12 +127,36 @@ def _amount(value: Optional[float], scale: float) -> str:
     return "?" if value is None else f"{value / scale:.0f}"
 
 
-def autostop_piece(autostop: Optional[Mapping[str, Any]], now: datetime) -> str:
-    """What the box's autostop will do, for the box's line; "" when none is armed."""
+def stopped_at(autostop: Optional[Mapping[str, Any]]) -> Any:
+    """When the box's autostop issued its stop (its decision's time when the stop says none), or None."""
+    if not autostop or autostop.get("state") not in STOPS:
+        return None
+    return (autostop.get("stop") or {}).get("issued_at") or autostop.get("updated_at")
+
+
+def restarted_since(autostop: Optional[Mapping[str, Any]], booted: Any) -> Optional[str]:
+    """``booted`` (the container's start) when the box's autostop stop is older than it: the box was stopped and
+    has run again since, so that stop is history and the box bills; else None (no stop, or a boot unknown)."""
+    stop, boot = moment(stopped_at(autostop)), moment(booted)
+    return booted if stop is not None and boot is not None and stop < boot else None
+
+
+def autostop_piece(autostop: Optional[Mapping[str, Any]], now: datetime, booted: Any = None) -> str:
+    """What the box's autostop will do, for the box's line; "" when none is armed. ``booted``: the container's start
+    (box.container_started_at), which makes a stop older than it history."""
     if not autostop or (autostop.get("armed") is not True and autostop.get("state") != "disarmed"):
         return ""
     state, reason = autostop.get("state"), autostop.get("reason") or "no reason given"
     gate, stop = autostop.get("gate") or {}, autostop.get("stop") or {}
+    restarted = restarted_since(autostop, booted)
+    if restarted is not None:
+        again = (
+            "re-armed, its watcher runs again"
+            if autostop.get("watcher_alive") is True
+            else "not armed (launch with launch_autostop to arm it again)"
+        )
+        when = clock(stopped_at(autostop), now)
+        return f"autostop: stopped the box at {when}, restarted since at {clock(restarted, now)}: {again}"
     if autostop.get("watcher_alive") is False and state in WATCHED:
         return "autostop: armed but its watcher is not running (run launch with launch_autostop again to restart it)"
     if state is None:
@@ -163,9 +190,12 @@ def autostop_piece(autostop: Optional[Mapping[str, Any]], now: datetime) -> str:
 # ---- idle_billing --------------------------------------------------------------------------------------------
 
 
-def will_stop(autostop: Optional[Mapping[str, Any]]) -> bool:
-    """Whether the box's armed autostop, on its current settings, stops this box without anyone."""
+def will_stop(autostop: Optional[Mapping[str, Any]], booted: Any = None) -> bool:
+    """Whether the box's armed autostop, on its current settings, stops this box without anyone (a stop older than
+    the container's start, ``booted``, stopped an earlier run of the box: this one bills)."""
     if not autostop or autostop.get("armed") is not True or autostop.get("generation_current") is not True:
+        return False
+    if restarted_since(autostop, booted) is not None:
         return False
     state = autostop.get("state")
     return state in STOPS or (state in WAITS and autostop.get("watcher_alive") is not False)
@@ -173,13 +203,14 @@ def will_stop(autostop: Optional[Mapping[str, Any]]) -> bool:
 
 def idle_billing(box: Optional[Mapping[str, Any]], rate: Optional[float], now: datetime) -> Optional[Dict[str, Any]]:
     """``{idle_s, hourly_usd, burning_usd, since}`` of a box with no live run (``burning_usd``: what its idle time
-    cost so far), or None when a run is live or the box did not say when it went idle."""
+    cost so far), or None when a run is live or the box did not say when it went idle. ``idle_s`` is the box's
+    ``box_now`` minus its ``idle_since`` (one clock); ``now``, the controller's, only when the box sent no now."""
     if not box or box.get("idle") is not True or box.get("live_runs"):
         return None
     since = moment(box.get("idle_since"))
     if since is None:
         return None
-    idle_s = max((now - since).total_seconds(), 0.0)
+    idle_s = max(((moment(box.get("box_now")) or now) - since).total_seconds(), 0.0)
     burning = None if rate is None else round(rate * idle_s / 3600, 2)
     return {"idle_s": round(idle_s, 1), "hourly_usd": rate, "burning_usd": burning, "since": box.get("idle_since")}
 
@@ -208,10 +239,11 @@ def escalate(record: Dict[str, Any], minutes: Optional[float], rate: Optional[fl
     box, autostop = record.get("box"), record.get("autostop")
     found = idle_billing(box, rate, now) if minutes is not None else None
     record["idle_billing"] = found
-    if found is None or box is None or found["idle_s"] <= minutes * 60 or will_stop(autostop):
+    booted = box.get("container_started_at") if box is not None else None
+    if found is None or box is None or found["idle_s"] <= minutes * 60 or will_stop(autostop, booted):
         return
     what = ADVICE
-    piece = autostop_piece(autostop, now)
+    piece = autostop_piece(autostop, now, booted)
     if piece:  # armed, yet it will not stop the box: say what holds it back
         what = f"run remote_gpu.trainer.teardown (autostop will not stop it: {piece.removeprefix('autostop: ')})"
     cost = f"burning ${rate:,.2f}/h: {what}" if rate is not None else f"{what} (set hourly_usd to see what it costs)"

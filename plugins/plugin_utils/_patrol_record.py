@@ -32,6 +32,12 @@ FACT_KEYS = (
 )  # fmt: skip
 # The controller's own keys: the box's cost (hourly_usd), a bad rate's one line, and idle_billing.
 MONEY_KEYS = ("cost", "cost_warning", "idle_billing")
+# The box's state beside its runs' (_patrol_states: RUNNING, STOPPED, INTERRUPTED, GONE, UNREACHABLE), the provider's
+# answer for a box that did not answer, the stop of ours behind a STOPPED box, the last tick that saw it run, and what
+# the profile says a stopped instance bills.
+BOX_STATE_KEYS = ("box_state", "provider", "our_stop", "last_seen", "stopped_bills")
+# Record states of a box the provider says is stopped (a GONE or UNREACHABLE one is "unreachable").
+DOWN_STATES = ("stopped", "interrupted")
 LIST_KEYS = ("crash_signatures", "disks", "gpu", "xids", "runs")
 DICT_KEYS = ("progress", "disk", "memory")
 COUNT_KEYS = ("alive", "cells_done", "cells_total", "runs_skipped", "runs_archived")
@@ -56,7 +62,7 @@ def dicts(value: Any) -> List[Dict[str, Any]]:
 
 def base(host: str, python: Optional[str] = None) -> Dict[str, Any]:
     """The record's shape with nothing known: every key the report, the lines and the notifier read."""
-    record: Dict[str, Any] = dict.fromkeys((*FACT_KEYS, *MONEY_KEYS))
+    record: Dict[str, Any] = dict.fromkeys((*FACT_KEYS, *MONEY_KEYS, *BOX_STATE_KEYS))
     record.update({key: [] for key in LIST_KEYS})
     record.update(reasons=[], problems=[], actions=[], escalate=False, examined_runs=[])
     record.update(host=host, reachable=True, python=python)

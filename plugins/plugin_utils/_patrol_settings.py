@@ -13,6 +13,7 @@ import posixpath
 from typing import Any, Dict, List, Mapping, Optional
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import NAME_PATTERN
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import number_of
 
 # The module's name for the runtime venv preflight installs; only its libraries are used (see the module).
 VENV = ".remote_gpu_trainer/venv"
@@ -87,14 +88,12 @@ def problems_of(args: Mapping[str, Any]) -> List[str]:
 
 
 def idle_billing_minutes(value: Any) -> Optional[float]:
-    """The option's minutes, None when off (null, or "null" from ``-e``); ValueError naming the role variable."""
+    """The option's minutes, None when off (null, or "null" from ``-e``); ValueError naming the role variable.
+    Numbers given as text (``-e``) are read by the one rule of every stage (``_cost.number_of``)."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none")):
         return None
-    try:
-        minutes = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        minutes = math.nan
-    if not (math.isfinite(minutes) and 0 < minutes <= IDLE_BILLING_MAX_MINUTES):
+    minutes = number_of(value)
+    if minutes is None or not 0 < minutes <= IDLE_BILLING_MAX_MINUTES:
         raise ValueError(
             f"patrol_idle_billing_minutes must be a number of minutes above 0 and at most {IDLE_BILLING_MAX_MINUTES}, "
             f"or null to turn idle_billing off, got {value!r}"

@@ -6,22 +6,33 @@ The gate (``teardown_gate`` on the box: the runs, and with a meter-stop the whol
 durable directory under the verb that actually runs, the pull (rsync over the connection's own SSH command) and its
 verification here, the load-verify, the confirmation, the scratch (``run_scratch`` re-hashes each cell's durable
 files right before removing that cell's scratch) and the meter-stop (the provider's CLI, polled to a final state).
-Three box modules at most (gate, load-verify, scratch), more only to stop live runs with ``stop_running``.
+Three box modules at most (gate, load-verify, scratch), more only to stop live runs with ``stop_running``; beside
+them, outside check mode, ``box_lease`` refreshes the box lease the gate took before each long step (a second pull,
+the load-verify, the scratch) and gives it back before the meter-stop, or when the teardown stops early.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
+import time
+import uuid
+from datetime import datetime, timezone
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _copy_verify as copies
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _load_verify as loads
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _meter_stop as meter
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _patrol_states as states
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _rsync as rsync
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _teardown_settings as options
-from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import box_cost, hourly_rate
-from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import StageError, one_line
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import (
+    box_cost,
+    hourly_rate,
+    stopped_cost,
+    stopped_rate,
+)
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import BoxUnreachable, StageError, one_line
 
 try:
     from ansible.template import trust_as_template
@@ -34,6 +45,8 @@ except ImportError:  # ansible-core before 2.19 renders every string
 COMMAND_TIMEOUT_S = 60.0
 OUTPUT_CHARS = 500  # of a failed load check's output, in the record
 RSYNC_IO_TIMEOUT_S = 300
+LEASE_SLACK_S = 300.0  # beyond a step's own timeout: the box calls around it
+MAX_LEASE_S = 14400.0  # box_lease's and the gate's hold_box ttl_s bound
 
 
 class Teardown:
@@ -47,6 +60,11 @@ class Teardown:
         # A bad hourly_usd only loses the cost: the teardown itself goes on, with a warning.
         self.rate, rate_problem = hourly_rate(task_vars, getattr(action, "_templar", None))
         self.since: Optional[str] = None  # the box's start, told by the gate
+        # The box lease: the gate takes it, the long steps refresh it, the end gives it back (never in check mode).
+        self.lease_token: Optional[str] = None if self.check_mode else f"teardown-{uuid.uuid4().hex[:16]}"
+        # The gate's cost basis (its box_now and ledger) and when it answered, on the controller's monotonic clock.
+        self.basis: Dict[str, Any] = {}
+        self.answered_at = time.monotonic()
         verb = settings.verb
         self.record: Dict[str, Any] = {
             "host": host,
@@ -71,7 +89,14 @@ class Teardown:
         }
 
     def run(self, warn: Callable[[str], None]) -> Tuple[str, Optional[str], str]:
-        """Every step in order: (status, step, reason). A failed step raises StageError (or BoxUnreachable)."""
+        """Every step in order: (status, step, reason). A failed step raises StageError (or BoxUnreachable); the box
+        lease is given back either way."""
+        try:
+            return self.steps(warn)
+        finally:
+            self.release_box()
+
+    def steps(self, warn: Callable[[str], None]) -> Tuple[str, Optional[str], str]:
         self.run_gate()
         self.survival()
         self.pull()
@@ -88,10 +113,13 @@ class Teardown:
             )
         self.scratch(preview)
         status = self.stop_meter(preview)
-        self.record["cost"] = box_cost(self.rate, self.since)  # up to the meter-stop
+        self.record["cost"] = self.cost()  # up to the meter-stop
         stopped = (self.record.get("meter_stop") or {}).get("state") in ("stopped", "already")
         if stopped and self.record["cost"] is not None:
             self.record["cost"]["meter_stopped"] = True  # no longer in the fleet's total per hour
+            if self.record["meter_stop"].get("state") == "stopped":  # its time ends the GPU cost; patrol reads it
+                now = datetime.now(timezone.utc)
+                self.record["cost"] = stopped_cost(self.record["cost"], now.isoformat(), self.storage_rate(), now)
         if self.check_mode:
             return "CHECKED", None, "" if confirmed else why
         if not confirmed:
@@ -117,7 +145,31 @@ class Teardown:
             else "not stopped: it may bill"
         )
         self.record["meter_stop"] = {"state": "box_unreachable", "provider_state": poll.label, "stopped": stopped}
+        if poll.final:
+            self.earlier_stop()
         return f"the provider says instance {self.settings['instance_id']} is {poll.label} ({said})"
+
+    def earlier_stop(self) -> None:
+        """A box the provider says is stopped and that did not answer: its cost ends at the stop of ours that the
+        controller's reports know (patrol's record of its autostop, a teardown's meter-stop), storage after it."""
+        now = datetime.now(timezone.utc)
+        report_dir = str(self.task_vars.get("teardown_report_dir") or "reports")
+        known = states.history(report_dir, self.host, now)
+        stop = known.get("our_stop")
+        if stop:
+            self.record["meter_stop"].update(stopped_at=stop["at"], stopped_by=stop["by"])
+            cost = box_cost(self.rate, known.get("since"), now)
+            self.record["cost"] = stopped_cost(cost, stop["at"], self.storage_rate(), now)
+
+    def storage_rate(self) -> Optional[float]:
+        """What the stopped instance bills per hour (host variable hourly_usd_stopped): nothing after an
+        irreversible verb; a bad value is a warning, as a bad hourly_usd is."""
+        if self.settings.verb is not None and self.settings.verb.irreversible:
+            return 0.0
+        rate, problem = stopped_rate(self.task_vars, getattr(self.action, "_templar", None))
+        if problem and problem not in self.record["warnings"]:
+            self.record["warnings"].append(problem)
+        return rate
 
     # ---- the gate --------------------------------------------------------------------------------------------
 
@@ -135,10 +187,49 @@ class Teardown:
             "instance_id_env": settings["instance_id_env"],
             "irreversible": bool(verb is not None and verb.irreversible),
             "scratch_extra_paths": settings["scratch_extra_paths"],
+            "survives": list(verb.survives) if verb is not None else [],
+            "abandon_gpu_users": settings["abandon_gpu_users"],
         }
         if settings["durable_dir"]:
             args["durable_dir"] = settings["durable_dir"]
+        if self.lease_token:  # held through the first pull, the next step that may take long
+            pulls = settings["pull_timeout_s"] if settings["pull_to"] else 0.0
+            args["hold_box"] = {"token": self.lease_token, "ttl_s": _lease_ttl(pulls)}
         return args
+
+    def hold(self, seconds: float) -> None:
+        """Hold the box (refresh the lease) for a step that may take ``seconds``: the watcher does not stop it
+        under the step."""
+        if not self.lease_token:
+            return
+        args = {"token": self.lease_token, "ttl_s": _lease_ttl(seconds)}
+        with self.action.check_mode(False):
+            answer = self.action.box_module("box_lease", args, self.task_vars)
+        if answer.get("failed"):
+            raise StageError("box_lease", f"the box could not be held: {one_line(answer.get('msg') or 'no message')}")
+
+    def release_box(self) -> None:
+        """Give the box lease back (before the meter-stop, or when the teardown stops early); a box that does not
+        answer keeps it until it expires."""
+        token, self.lease_token = self.lease_token, None
+        if not token:
+            return
+        try:
+            with self.action.check_mode(False):
+                answer = self.action.box_module("box_lease", {"token": token, "state": "released"}, self.task_vars)
+        except BoxUnreachable:
+            return
+        if answer.get("failed"):
+            said = one_line(answer.get("msg") or "no message")
+            self.record["warnings"].append(f"the box lease was not given back (it expires by itself): {said}")
+
+    def cost(self) -> Optional[Dict[str, Any]]:
+        """The box's ledger as the gate told it (on the box's clock), plus the seconds this teardown has run since
+        the gate answered (on the controller's monotonic clock: no two clocks are compared)."""
+        later = time.monotonic() - self.answered_at
+        return box_cost(
+            self.rate, self.since, box_now=self.basis.get("box_now"), ledger=self.basis.get("ledger"), later_s=later
+        )
 
     def run_gate(self) -> None:
         with self.action.check_mode(False):
@@ -150,9 +241,15 @@ class Teardown:
                 answer = self.action.box_module("teardown_gate", self.gate_args(), self.task_vars)
         self.gate = answer
         self.record["gate"] = _gate_record(answer)
+        if "lease" in answer and (answer["lease"] or {}).get("token") != self.lease_token:
+            self.lease_token = (
+                None  # not taken (another holds it, or a read-only home): nothing to refresh or give back
+            )
         instance = answer.get("instance")
         self.since = instance.get("box_started_at") if isinstance(instance, Mapping) else None
-        self.record["cost"] = box_cost(self.rate, self.since)
+        self.basis = {key: instance.get(key) for key in ("box_now", "ledger")} if isinstance(instance, Mapping) else {}
+        self.answered_at = time.monotonic()
+        self.record["cost"] = self.cost()
         if answer.get("failed") and not answer.get("step"):
             raise StageError("run_alive", f"teardown_gate failed: {answer.get('msg') or 'no message'}")
         if answer.get("passed") is not True:
@@ -175,6 +272,7 @@ class Teardown:
                     "data_dir": self.settings["data_dir"],
                     "state": "stopped",
                     "stop_grace_s": self.settings["stop_grace_s"],
+                    "stopped_by": "teardown",  # recorded on the box before the signal: each cell says who stopped it
                 },
                 self.task_vars,
             )
@@ -215,6 +313,8 @@ class Teardown:
         self.record["pull"] = record
         io_timeout = int(min(self.settings["pull_timeout_s"], RSYNC_IO_TIMEOUT_S))
         for run in self.secured_runs():
+            if record["runs"]:
+                self.hold(self.settings["pull_timeout_s"])
             dest = os.path.join(root, self.host, run["name"])
             if not self.check_mode:
                 os.makedirs(dest, exist_ok=True)
@@ -261,6 +361,7 @@ class Teardown:
             record["note"] = "not run: check mode makes no controller copy"
             return
         params = {"checks": checks, "timeout_s": self.settings["load_verify_timeout_s"]}
+        self.hold(self.settings["load_verify_timeout_s"] * len(checks))
         if on == "box":
             with self.action.check_mode(False):
                 answer = self.action.box_module("load_verify", params, self.task_vars)
@@ -323,6 +424,8 @@ class Teardown:
         }
         if self.settings["durable_dir"]:
             args["durable_dir"] = self.settings["durable_dir"]
+        if not preview:
+            self.hold(self.settings["scratch_timeout_s"])
         with self.action.check_mode(preview):
             answer = self.action.box_module("run_scratch", args, self.task_vars)
         keys = ("changed", "removed", "would_remove", "runs", "durable_mismatch", "refused", "msg")
@@ -332,7 +435,9 @@ class Teardown:
         self.record["changed"] = self.record["changed"] or bool(answer.get("changed") and not preview)
 
     def stop_meter(self, preview: bool) -> str:
-        """The meter-stop; returns the status it earns (``TORN_DOWN``, ``STOP_BY_HAND``, ``CLEANED``)."""
+        """The meter-stop; returns the status it earns (``TORN_DOWN``, ``STOP_BY_HAND``, ``CLEANED``). The box lease
+        is given back first: a stopped box answers no call."""
+        self.release_box()
         verb = self.settings.verb
         if verb is None:
             if not self.settings["stop_meter"]:
@@ -350,24 +455,22 @@ class Teardown:
             poll_interval_s=self.settings["meter_stop_poll_interval_s"],
             command_timeout_s=COMMAND_TIMEOUT_S,
         )
+        # The box answered this teardown's gate moments ago, so its instance runs: an id the provider does not list,
+        # or lists as stopped, is a typo or a stale id, and the box is still billing (refused, nothing run).
+        stopped = meter.stopped_states(self.settings["meter_stop_verbs"], verb)
         try:
-            changed, result = meter.meter_stop(plan, check_mode=preview)
+            changed, result = meter.meter_stop(plan, check_mode=preview, box_answered=True, stopped_states=stopped)
         except meter.MeterStopError as error:
             self.record["meter_stop"] = dict(error.result, state="failed", verb=verb.name)
             raise StageError("meter_stop", str(error)) from None
         state = "would_run" if preview else ("already" if result.get("already") else "stopped")
         self.record["meter_stop"] = dict(result, state=state, verb=verb.name)
-        if state == "already" and result.get("gone"):
-            # The box answered this teardown's gate moments ago, so its instance exists: an id the provider does
-            # not list is a typo or a stale id, and the box is still billing.
-            self.record["meter_stop"]["state"] = "failed"
-            raise StageError(
-                "meter_stop",
-                f"the provider lists no instance {self.settings['instance_id']}, yet the box answered: instance_id is "
-                "wrong (a typo or a stale id) and the box may still be billing; nothing was stopped",
-            )
         self.record["changed"] = self.record["changed"] or bool(changed and not preview)
         return "TORN_DOWN"
+
+
+def _lease_ttl(seconds: float) -> float:
+    return min(max(float(seconds), 0.0) + LEASE_SLACK_S, MAX_LEASE_S)
 
 
 def _last_line(text: str) -> str:
@@ -402,6 +505,7 @@ def _gate_record(answer: Mapping[str, Any]) -> Dict[str, Any]:
                 "durable_files": durable.get("files") or 0,
                 "durable_bytes": durable.get("bytes") or 0,
                 "mismatches": durable.get("mismatches") or [],
+                "known_bad": (durable.get("manifest") or {}).get("known_bad") or [],
                 "notes": entry.get("notes") or [],
             }
         )

@@ -14,12 +14,14 @@ from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import s
 GATE_STEPS = (
     "validate",
     "lock",
+    "box_lease",
     "instance_id",
     "run_alive",
     "stop_running",
     "cells",
     "durable",
     "other_runs",
+    "gpu_users",
     "same_filesystem",
     "survival",
     "pull",
@@ -36,6 +38,7 @@ STATUSES = ("TORN_DOWN", "CLEANED", "CHECKED", "UNCONFIRMED", "STOP_BY_HAND", "R
 # The statuses the verdict step fails: the box still bills, or something went wrong.
 FAILING = ("UNCONFIRMED", "STOP_BY_HAND", "REFUSED", "FAILED")
 LINE_CHARS = 700
+KNOWN_BAD_SHOWN = 3  # files named on the line; the report's gate record lists them all
 
 
 def status_of_step(step: str) -> str:
@@ -53,7 +56,21 @@ def size(count: Any) -> str:
     return f"{value:.1f} GiB"
 
 
-def _gate_part(gate: Mapping[str, Any]) -> str:
+def _known_bad(entries: Any, run: str = "") -> List[str]:
+    """'<path> (<kind>)' per file its run's manifest marks known bad (a check of the run refused the copy)."""
+    where = f"{run}/" if run else ""
+    return [f"{where}{entry.get('path')} ({entry.get('bad')})" for entry in entries or [] if isinstance(entry, Mapping)]
+
+
+def _bad_text(named: List[str]) -> str:
+    if not named:
+        return ""
+    more = f" (+{len(named) - KNOWN_BAD_SHOWN} more)" if len(named) > KNOWN_BAD_SHOWN else ""
+    return f"{len(named)} known bad: {', '.join(named[:KNOWN_BAD_SHOWN])}{more}"
+
+
+def _gate_part(gate: Mapping[str, Any], pulled: Iterable[str] = ()) -> str:
+    """Per run what the gate found; a run's known-bad files are named here unless its pull names them."""
     parts = []
     for run in gate.get("runs") or []:
         if run.get("state") in ("torn_down", "removing"):
@@ -65,15 +82,24 @@ def _gate_part(gate: Mapping[str, Any]) -> str:
         else:
             head = f"{run.get('name')} {run.get('cells_done')}/{run.get('cells')} cells done"
         durable = f"durable {run.get('durable_files')} files, {size(run.get('durable_bytes'))} verified"
+        bad = "" if run.get("name") in pulled else _bad_text(_known_bad(run.get("known_bad")))
+        durable += f", {bad}" if bad else ""
         parts.append(f"{head}, {durable}" if run.get("durable_files") else f"{head}, no durable copy")
     instance = gate.get("instance") or {}
     for other in instance.get("other_runs") or []:
         if other.get("abandoned"):
-            parts.append(f"{other.get('name')} ABANDONED ({other.get('would_lose') or 'its scratch'})")
+            label = other.get("label") or other.get("name")  # the run, with its data dir when not the host's
+            parts.append(f"{label} ABANDONED ({other.get('would_lose') or 'its scratch'})")
     return f"gate passed ({'; '.join(parts) or 'no run on the box'})"
 
 
-def _pull_part(pull: Mapping[str, Any]) -> str:
+def _pulled(record: Mapping[str, Any]) -> List[str]:
+    """The runs a real pull copied to the controller (its line names their known-bad files)."""
+    pull = record.get("pull") or {}
+    return [] if pull.get("dry_run") else [str(run.get("run")) for run in pull.get("runs") or []]
+
+
+def _pull_part(pull: Mapping[str, Any], gate: Mapping[str, Any]) -> str:
     runs = pull.get("runs") or []
     if not pull.get("to") or not runs:
         return ""
@@ -83,7 +109,16 @@ def _pull_part(pull: Mapping[str, Any]) -> str:
     files = sum(run.get("files") or 0 for run in runs)
     total = sum(run.get("bytes") or 0 for run in runs)
     came = f"{new} new" if new else "nothing new"
-    return f"pulled to {pull['to']} ({came}; {files} files, {size(total)} verified)"
+    names = [str(run.get("run")) for run in runs]
+    several = len(names) > 1  # the paths are each run's own: name the run when there are several
+    bad = [
+        text
+        for entry in gate.get("runs") or []
+        if entry.get("name") in names
+        for text in _known_bad(entry.get("known_bad"), str(entry.get("name")) if several else "")
+    ]
+    told = f"; {_bad_text(bad)}" if bad else ""
+    return f"pulled to {pull['to']} ({came}; {files} files, {size(total)} verified{told})"
 
 
 def _load_part(load: Mapping[str, Any]) -> str:
@@ -129,6 +164,16 @@ def _meter_part(meter: Mapping[str, Any], record: Mapping[str, Any]) -> str:
     return str(meter.get("msg") or "")
 
 
+def _stop_part(stopped: Any) -> str:
+    """The live runs ``stop_running`` stopped before the gate judged again (their cells say stopped by teardown)."""
+    said = [
+        str(entry.get("msg") or f"run {entry.get('run')}").removeprefix("stopped ")
+        for entry in stopped or []
+        if isinstance(entry, Mapping) and entry.get("changed")
+    ]
+    return f"stopped by teardown (stop_running): {', '.join(said)}" if said else ""
+
+
 def _instance_part(gate: Mapping[str, Any], record: Mapping[str, Any]) -> str:
     instance = (gate or {}).get("instance") or {}
     if not record.get("instance_id") or record.get("verb") in (None, "none") or not instance:
@@ -152,9 +197,10 @@ def _evidence(record: Mapping[str, Any]) -> str:
     if status == "UNREACHABLE":
         return f"{host}  UNREACHABLE  {record.get('reason') or 'host unreachable'}"
     gate = record.get("gate") or {}
-    parts = [_gate_part(gate)] if gate.get("passed") else []
+    parts = [_stop_part(record.get("stop_running"))]
+    parts += [_gate_part(gate, _pulled(record))] if gate.get("passed") else []
     parts += [_instance_part(gate, record)] if gate.get("passed") else []
-    parts += [_pull_part(record.get("pull") or {}), _load_part(record.get("load_verify") or {})]
+    parts += [_pull_part(record.get("pull") or {}, gate), _load_part(record.get("load_verify") or {})]
     head = f"{host}  {status}  runs {runs}"
     if status in ("REFUSED", "FAILED"):
         head += f" at {record.get('step')}: {record.get('reason')}"

@@ -33,6 +33,7 @@ ARGUMENT_SPEC: Dict[str, Any] = {
     "runs": {"type": "raw", "required": True},
     "stop_meter": {"type": "bool", "default": True},
     "abandon_runs": {"type": "list", "elements": "str", "default": []},
+    "abandon_gpu_users": {"type": "bool", "default": False},
     "data_dir": {"type": "str", "required": True},
     "durable_dir": {"type": "str", "default": ""},
     "confirm": {"type": "raw", "default": ""},
@@ -74,7 +75,9 @@ OLD_PROFILE_KEYS = (
     "meter_stop_gone_pattern", "meter_stop_irreversible", "meter_stop_manual_steps", "durable_survives",
 )  # fmt: skip
 # The command line's short names (role defaults read them).
-SHORT_NAMES = ("confirm_teardown", "pull_to", "stop_running", "abandon_runs", "accept_incomplete_cells")
+SHORT_NAMES = (
+    "confirm_teardown", "pull_to", "stop_running", "abandon_runs", "accept_incomplete_cells", "abandon_gpu_users",
+)  # fmt: skip
 KNOWN_VARIABLES = (
     *tuple(f"teardown_{name}" for name in ARGUMENT_SPEC if name != "runs"),
     "teardown_run",

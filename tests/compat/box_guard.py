@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 OLDEST = "3.8"
 # Modules whose code runs on the box; the others only carry the documentation of an action plugin (controller).
 BOX_MODULES = (
-    "box_health", "copy_verify", "gpu_health", "load_verify", "meter_stop", "patrol_facts", "run_archive",
+    "box_health", "box_lease", "copy_verify", "gpu_health", "load_verify", "meter_stop", "patrol_facts", "run_archive",
     "run_scratch", "teardown_gate", "training_run", "vram_zombies",
 )  # fmt: skip
 CONTROLLER_MODULES = ("launch", "patrol", "stage_report", "stage_verdict", "teardown")

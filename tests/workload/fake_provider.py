@@ -15,7 +15,7 @@ One script, several faces, chosen by the name it is called by (tests symlink it 
                           the copy's faces use FILE when FAKE_PROVIDER_STATE is unset, as on a box whose PATH has
                           them but whose environment is the platform's own)
     fake_provider.py add [--state FILE] ID [--status running|exited] [--behaviour normal|sticky|fail|hang]
-                         [--settle-polls N] [--print TEXT]
+                         [--settle-polls N] [--print TEXT] [--intended running|stopped]
     fake_provider.py set [--state FILE] [--vastai-release new|old] [--status-fault none|traceback|auth]
     fake_provider.py show [--state FILE] [ID] (prints the state file, or one instance, as JSON)
 
@@ -29,13 +29,15 @@ vastai) when it was set and not empty, else null (never for curl): which key a c
 Dialects follow the real CLIs. RunPod (runpodctl v2, JSON output): ``pod stop`` sets desiredStatus EXITED, ``pod
 delete`` removes the pod, ``pod get`` prints {"id", "name", "desiredStatus", ...} (an unknown id: a JSON error on
 stderr, exit 1), ``pod list`` prints the pods as a JSON list, RUNNING ones only unless ``--all``. Vast.ai: ``stop
-instance`` sets actual_status "exited" and cur_state "stopped", ``destroy instance ID -y`` removes it; WITHOUT
-``-y`` it prompts, reads stdin and, on end-of-file or any answer but y, prints "Aborted." and exits 0 while the
-instance keeps running (the real CLI's trap). ``show instances --raw`` prints a JSON list of {"id" (a number),
-"actual_status", "cur_state", "jupyter_token", ...}; ``show instance ID --raw`` one of them, an unknown id printing
-``Error: instance ID not found.`` with exit 1. Lambda: the instance list is {"data": [{"id", "status" (active),
-"jupyter_token", ...}]}; terminate removes the instance; the header file must hold ``Authorization: Bearer
-fake-lambda-key`` (else HTTP 401); an HTTP error with --fail-with-body prints the JSON body and exits 22.
+instance`` sets actual_status "exited", cur_state "stopped" and intended_status "stopped" (one added ``--status
+exited`` keeps intended_status "running", as the provider's own stop does, unless ``--intended stopped``), ``destroy
+instance ID -y`` removes it; WITHOUT ``-y`` it prompts, reads stdin and, on end-of-file or any answer but y, prints
+"Aborted." and exits 0 while the instance keeps running (the real CLI's trap). ``show instances --raw`` prints a
+JSON list of {"id" (a number), "actual_status", "intended_status", "cur_state", "jupyter_token", ...}; ``show
+instance ID --raw`` one of them, an unknown id printing ``Error: instance ID not found.`` with exit 1. Lambda: the
+instance list is {"data": [{"id", "status" (active), "jupyter_token", ...}]}; terminate removes the instance; the
+header file must hold ``Authorization: Bearer fake-lambda-key`` (else HTTP 401); an HTTP error with --fail-with-body
+prints the JSON body and exits 22.
 
 Settings (``set``; env FAKE_VASTAI_RELEASE and FAKE_PROVIDER_STATUS_FAULT override the state file):
 ``vastai_release`` ``new`` (default; destroy takes ``-y``, its --help shows ``-y, --yes``) or ``old`` (an older
@@ -189,6 +191,8 @@ def _verb(state: State, ident: str, target: str, missing: Refused, verb: str) ->
         del state["instances"][ident]
     else:
         instance["status"] = target
+    if target == "exited":
+        instance["intended"] = "stopped"  # asked for: Vast.ai's intended_status
     return None
 
 
@@ -292,10 +296,11 @@ def _runpod(args: List[str], state: State) -> str:
 # --- vastai ------------------------------------------------------------------------------------------------------
 
 
-def _vast_row(ident: str, status: str) -> Dict[str, Any]:
+def _vast_row(ident: str, status: str, intended: Optional[str] = None) -> Dict[str, Any]:
     actual, cur = ("running", "running") if status == "running" else ("exited", "stopped")
     number = int(ident) if ident.isdigit() else ident
-    return {"id": number, "actual_status": actual, "cur_state": cur, "jupyter_token": _secret(ident)}
+    row = {"id": number, "actual_status": actual, "cur_state": cur, "jupyter_token": _secret(ident)}
+    return dict(row, intended_status=intended or "running")
 
 
 def _vast_destroy_help(release: str) -> str:
@@ -313,7 +318,7 @@ def _vast_show(args: List[str], state: State) -> str:
         garbage, listed = _listed(state)
         if garbage is not None:
             return garbage
-        rows = [_vast_row(ident, status) for ident, status in listed]
+        rows = [_vast_row(ident, status, state["instances"][ident].get("intended")) for ident, status in listed]
         if "--raw" in args:
             return json.dumps(rows)
         return "\n".join(
@@ -326,7 +331,7 @@ def _vast_show(args: List[str], state: State) -> str:
         return instance["print"]
     if _gone_now(state, ident):
         raise missing
-    row = _vast_row(ident, instance["status"])
+    row = _vast_row(ident, instance["status"], instance.get("intended"))
     if "--raw" not in args:
         return f"ID       Status   Cur\n{ident:8} {row['actual_status']:8} {row['cur_state']}"
     return json.dumps(row)
@@ -512,6 +517,7 @@ def _admin(argv: List[str]) -> int:
     add.add_argument("--behaviour", default="normal", choices=BEHAVIOURS)
     add.add_argument("--settle-polls", type=int, default=0)
     add.add_argument("--print", dest="print_text", default=None, help="status commands print this instead of JSON")
+    add.add_argument("--intended", default=None, choices=("running", "stopped"), help="Vast.ai's intended_status")
     settings = sub.add_parser("set", help="choose the vastai release and a status command fault")
     settings.add_argument("--state", default=None)
     settings.add_argument("--vastai-release", choices=RELEASES)
@@ -530,6 +536,8 @@ def _admin(argv: List[str]) -> int:
             instance["settle_polls"] = max(0, opts.settle_polls)
         if opts.print_text is not None:
             instance["print"] = opts.print_text
+        if opts.intended is not None:
+            instance["intended"] = opts.intended
         with _locked(path) as state:
             state["instances"][opts.ident] = instance
         return 0

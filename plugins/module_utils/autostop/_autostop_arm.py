@@ -6,17 +6,21 @@ After ``_autostop_config.prepare`` has validated the options and checked the box
 variables by name, its binary), arming takes ``arm.lock``, writes ``armed.json`` (0600) only when the configuration
 differs from the armed one, with a new ``generation`` (the watcher stops at most once per generation), and starts
 the watcher, detached, when no live one holds ``watch.lock``: two launches never start two. Check mode writes and
-starts nothing and says what it would do. Pure standard library.
+starts nothing and says what it would do. Where the stop verb does not keep both data_dir and durable_dir, the
+result says up front what the watcher will never stop: the box while an archived run (in any data dir of the box)
+would lose its scratch (``blocked_by``), and the dead-man while a run ended with a failed cell (``caveats``).
+Pure standard library.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import time
 from datetime import datetime, timezone
-from typing import Any, ContextManager, Dict, Mapping, Optional, Tuple
+from typing import Any, ContextManager, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.autostop._autostop_config import (
     CONFIG_KEYS,
@@ -28,6 +32,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.autostop._autos
     ISSUED,
     VERSION,
     arm_lock_path,
+    keeps_disk,
     parse_armed,
     read_armed,
     read_decision,
@@ -38,11 +43,14 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.autostop._autos
     AUTOSTOP_MODULES,
     WATCH_PY,
 )
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._deadline import run_with_deadline
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.instance._box_state import known_data_dirs
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _run_detach as detach
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import (
     autostop_armed_path,
     autostop_dir,
     exclusive_lock,
+    list_archived,
     write_json_atomic,
 )
 
@@ -54,12 +62,60 @@ POLL_S = 0.1
 LOG_TAIL_BYTES = 4096
 # A watcher gone after one of these for its generation has had its stop: the box runs again, so arm anew.
 SPENT_STATES = (*ISSUED, "failed")
+ARCHIVE_TIMEOUT_S = 20.0
 
 
 def when_text(idle_minutes: Optional[float], silence_hours: Optional[float]) -> str:
     parts = [f"{idle_minutes:g} min idle" if idle_minutes is not None else ""]
     parts.append(f"{silence_hours:g} h without a patrol tick" if silence_hours is not None else "")
     return "once every run is secured, after " + " or ".join(part for part in parts if part)
+
+
+def _kept_text(survives: Sequence[str]) -> str:
+    kept = [name for name in ("data_dir", "durable_dir") if name in survives]
+    return f"only {kept[0]}" if len(kept) == 1 else "neither data_dir nor durable_dir"
+
+
+def _entries(data_dir: str) -> List[List[str]]:
+    return [[item.run, item.entry] for item in list_archived(data_dir)]
+
+
+def _archived(data_dir: str) -> List[List[str]]:
+    """[data dir, run, archive entry] of every archived run in every data dir of the box (in a child); a data dir
+    that does not answer is named as one whose archive could not be read."""
+    data_dirs, _problems = known_data_dirs([data_dir])
+    probes = {path: functools.partial(_entries, path) for path in data_dirs}
+    answers = run_with_deadline(probes, ARCHIVE_TIMEOUT_S) if probes else {}
+    found = []
+    for path in data_dirs:
+        if "value" not in answers[path]:
+            raise ValueError(f"{path}: {answers[path].get('error') or 'no answer in time (a hung mount?)'}")
+        found += [[path, run, entry] for run, entry in answers[path]["value"]]
+    return found
+
+
+def holds(data_dir: str, survives: Sequence[str], dead_man: bool) -> Tuple[List[str], List[str]]:
+    """What a stop that does not keep data_dir and durable_dir will never do: (each archived run that blocks it,
+    the caveat that a failed cell disables the dead-man). Nothing when the stop keeps both."""
+    if keeps_disk(list(survives)):
+        return [], []
+    kept = _kept_text(survives)
+    data_dir = os.path.normpath(data_dir)
+    answer = run_with_deadline({"archived": functools.partial(_archived, data_dir)}, 2 * ARCHIVE_TIMEOUT_S)["archived"]
+    blocked = [
+        f"archived run {run}{'' if path == data_dir else f' in {path}'} (.archive/{entry}) blocks it: the stop keeps "
+        f"{kept} and would lose its scratch (teardown_run or abandon)"
+        for path, run, entry in answer.get("value") or []
+    ]
+    if "value" not in answer:
+        blocked.append(f"the archived runs could not be listed ({answer.get('error') or 'no answer in time'})")
+    caveats = []
+    if dead_man:
+        caveats.append(
+            f"a failed cell disables the dead-man: the stop keeps {kept}, so a run that ended with a failed cell "
+            "holds the box until it is torn down"
+        )
+    return blocked, caveats
 
 
 def _now() -> str:
@@ -130,7 +186,7 @@ def _result(config: Mapping[str, Any], decision: Any, **facts: Any) -> Dict[str,
     keys = ("idle_minutes", "controller_silence_hours", "check_interval_s", "instance_id")
     result: Dict[str, Any] = {key: config.get(key) for key in keys}
     result.update(armed=False, changed=False, state=None, reason="", watcher_pid=None, watcher_started=False)
-    result.update(generation=None, command=None, would=None, decision=None)
+    result.update(generation=None, command=None, would=None, decision=None, blocked_by=[], caveats=[])
     if isinstance(decision, Mapping):
         result["decision"] = {key: decision.get(key) for key in ("state", "reason", "due_at")}
     return dict(result, **facts)
@@ -181,6 +237,10 @@ def apply(arming: Arming, check_mode: bool) -> Dict[str, Any]:
             raise AutostopRefused(f"autostop: the watcher would refuse armed.json: {exc}") from exc
         facts: Dict[str, Any] = {"armed": True, "state": "armed", "command": arming.command}
         facts["changed"] = bool(why_new) or not alive
+        survives = (config.get("verb") or {}).get("survives") or []
+        facts["blocked_by"], facts["caveats"] = holds(
+            arming.data_dir, survives, config["controller_silence_hours"] is not None
+        )
         if check_mode:
             steps = f"write armed.json ({why_new})" if why_new else "keep armed.json"
             steps += f", keep the watcher (pid {pid})" if alive else ", start the watcher"

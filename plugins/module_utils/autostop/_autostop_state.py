@@ -60,6 +60,11 @@ def arm_lock_path(data_dir: str) -> str:
     return os.path.join(autostop_dir(data_dir), ARM_LOCK)
 
 
+def keeps_disk(survives: Any) -> bool:
+    """The stop verb keeps both data_dir and durable_dir (``survives``): a stop then loses no file, only processes."""
+    return isinstance(survives, (list, tuple)) and {"data_dir", "durable_dir"} <= set(survives)
+
+
 def utc_iso(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, timezone.utc).isoformat(timespec="seconds")
 

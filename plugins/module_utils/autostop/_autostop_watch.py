@@ -3,13 +3,16 @@
 """The on-box autostop watcher: ``python3 <data_dir>/runs/.autostop/runner/run.py <data_dir>``, detached by arming.
 
 One per box (an flock on ``watch.lock``, held for life). Every check_interval_s it reads ``armed.json`` again,
-looks at the runs (their runners' liveness) and the patrol tick (``_autostop_box``: in children under deadlines),
-and lets ``_autostop_decide`` say what to do: wait, run teardown's gate on the box (every run over, every cell
-done, the durable copy hashed against its manifest, no other run or process left, the box's own id), or stop the
-instance with the armed verb (``_meter_stop.meter_stop``: the command, then its status polled to a final state).
-``stopping`` is written before the command runs (the container may die with it); a generation is stopped at most
-once. The stop command's environment is this process's plus the armed ``env`` mapping, each value read from this
-process's environment or PID 1's; no value is ever written or logged. ``.autostop.json`` holds the decision,
+looks at the instance (every run in every data dir the box knows, the GPU users outside any run, the stage that
+holds the box) and the patrol tick (``_autostop_box``: in children under deadlines), and lets ``_autostop_decide``
+say what to do: wait, run teardown's gate in every data dir (every run over, every cell done, the durable copy
+hashed against its manifest, no other run or process left, the box's own id), or stop the instance with the armed
+verb (``_meter_stop.meter_stop``: the command, then its status polled to a final state). Right before the command
+the watcher takes the box's lease (a teardown holding it, or a GPU job started by hand since the last look, holds
+the stop back) and records the stop in the box's stop record. ``stopping`` is written before the command runs
+(the container may die with it); a generation is stopped at most once. The stop command's environment is this
+process's plus the armed ``env`` mapping, each value read from this process's environment or PID 1's; no value is
+ever written or logged. ``.autostop.json`` holds the decision,
 ``watch.log`` a line per state change. Exit 0 once stopped or disarmed, or when another watcher holds the lock.
 
 Pure standard library (Python 3.8+), installed into ``<data_dir>/runs/.autostop/runner/`` (``AUTOSTOP_MODULES``).
@@ -22,14 +25,18 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from dataclasses import replace
+from typing import Any, Callable, Dict, List, Optional, Pattern, Sequence, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.autostop import _autostop_decide as decide_mod
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.autostop import _autostop_state as state
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.autostop._autostop_box import (
+    claim_box,
     env_runner,
     hide,
     observe,
+    record,
+    release_box,
     run_gate,
     stop_env,
 )
@@ -39,8 +46,10 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.autostop._autos
     Observation,
     Timers,
     decide,
+    gate_allows,
     new_memory,
 )
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.instance._gpu_users import GPU_DEVICE
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._meter_stop import (
     MeterStopError,
     meter_stop,
@@ -54,14 +63,15 @@ PACKAGE = "ansible_collections.remote_gpu.trainer.plugins.module_utils"
 # watcher from a tree holding only them).
 AUTOSTOP_MODULES = (
     "autostop/_autostop_watch.py", "autostop/_autostop_box.py", "autostop/_autostop_decide.py",
-    "autostop/_autostop_state.py",
-    "common/_command.py", "common/_deadline.py", "common/_files.py", "common/_options.py", "box/_box_since.py",
+    "autostop/_autostop_state.py", "instance/_box_state.py", "instance/_gpu_users.py", "instance/_stops.py",
+    "common/_command.py", "common/_deadline.py", "common/_files.py", "common/_options.py", "instance/_ledger.py",
     "box/_disk.py",
-    "layout/_run_state.py", "layout/_runs.py", "layout/_runspec.py", "launch/_run_detach.py", "procs/_proctree.py",
+    "layout/_archive_durable.py", "layout/_run_state.py", "layout/_runs.py", "layout/_runspec.py",
+    "launch/_run_detach.py", "procs/_proctree.py",
     "runner/_artifact_check.py", "runner/_cell_exec.py", "runner/_cell_files.py", "runner/_cell_sync.py",
     "runner/_env_hook.py", "runner/_procfs.py", "teardown/_copy_verify.py", "teardown/_load_verify.py",
     "teardown/_meter_stop.py", "teardown/_meter_stop_verbs.py", "teardown/_teardown_gate.py",
-    "teardown/_teardown_instance.py",
+    "teardown/_teardown_instance.py", "teardown/_teardown_box.py", "teardown/_teardown_hold.py",
 )  # fmt: skip
 WATCH_PY = f'''#!/usr/bin/env python3
 """The autostop watcher of one box, installed by remote_gpu.trainer.training_run: run.py <data_dir>."""
@@ -92,9 +102,11 @@ class Watcher:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        *,
         environ_path: str = PID1_ENVIRON,
+        gpu_device: Pattern[str] = GPU_DEVICE,
     ) -> None:
-        self.data_dir, self.environ_path = data_dir, environ_path
+        self.data_dir, self.environ_path, self.gpu_device = data_dir, environ_path, gpu_device
         self.clock, self.wall, self.sleep = clock, wall, sleep
         self.started_at = state.utc_iso(wall())
         self.memory: Optional[Memory] = None
@@ -103,7 +115,9 @@ class Watcher:
         self.history: List[Dict[str, Any]] = []
         self.stop: Optional[Dict[str, Any]] = None
         self.trigger: Optional[str] = None
-        self.published: Optional[Tuple[Optional[str], str]] = None  # (generation, state) last written
+        # (generation, state, what holds it) last written: a waiting box logs each new reason it waits for (a run of
+        # another data dir, a GPU job by hand, a teardown's lease); other states log their changes of state only.
+        self.published: Optional[Tuple[Optional[str], str, str]] = None
 
     def run(self) -> int:
         try:
@@ -180,15 +194,15 @@ class Watcher:
         if self.memory is None or self.memory.generation != armed.generation:
             self._restore(armed.generation, self.clock())
         _armed, memory = self._current()
-        obs = decide_mod.expect_run(observe(self.data_dir), armed.armed_by_run)
+        obs = decide_mod.expect_run(observe(self.data_dir, device=self.gpu_device), armed.armed_by_run)
         decision = decide(obs, memory, timers, self.clock())
         fresh = False
         if decision.action == "gate":
             self._gate(len(obs.runs), timers)
-            fresh = bool(memory.gate and memory.gate["passed"])
+            fresh = True
             decision = decide(obs, memory, timers, self.clock())
         if decision.action == "stop":
-            self._stop(decision, len(obs.runs), timers, fresh, obs)
+            obs = self._stop(decision, len(obs.runs), timers, fresh, obs)
             decision = decide(obs, memory, timers, self.clock())
         elif decision.action == "poll":
             self._poll(timers)
@@ -205,22 +219,30 @@ class Watcher:
         verdict["checked_at"] = state.utc_iso(self.wall())
         decide_mod.gate_checked(self.memory, verdict, timers, self.clock())
 
-    def _stop(self, decision: Decision, runs: int, timers: Timers, fresh: bool, obs: Observation) -> None:
-        """The gate again (what was verified is verified when it is relied on), ``stopping``, then the stop."""
+    def _stop(self, decision: Decision, runs: int, timers: Timers, fresh: bool, obs: Observation) -> Observation:
+        """The gate again (what was verified is verified when it is relied on), the box taken (a stage's lease or a
+        GPU job by hand seen now holds it back: the observation returned says so), ``stopping``, the stop record,
+        then the stop."""
         armed, memory = self._current(plan=True)
         if not fresh:
             self._gate(runs, timers)
-            if not (memory.gate and memory.gate["passed"]):
-                return
+        if not gate_allows(memory.gate, decision.trigger):
+            return obs
+        token = f"autostop-{armed.generation}-{os.getpid()}"
+        held, note = claim_box(armed, token, self.gpu_device)
+        if held is not None:
+            return replace(obs, problem=held.problem, outside=held.outside or obs.outside, lease=held.lease)
         command = list(armed.plan.verb.command or ())
         self.trigger = decision.trigger
         reason = f"{decision.reason.rsplit(': stopping', 1)[0]}: running {shown(command)}"
         decide_mod.stop_issued(memory, reason)
         self.stop = {
             "issued_at": state.utc_iso(self.wall()), "command": command, "outcome": None, "final_state": None,
-            "msg": reason, "attempts": memory.stop_attempts, "result": None,
+            "msg": reason, "attempts": memory.stop_attempts, "result": None, "notes": [note] if note else [],
         }  # fmt: skip
         self._publish(Decision("stopping", reason, trigger=decision.trigger), obs, armed.generation)
+        problem = record(armed)
+        self.stop["notes"] += [problem] if problem else []
         env, secrets, missing = stop_env(armed, self.environ_path)
         try:
             _changed, result = meter_stop(armed.plan, False, runner=env_runner(env, secrets))
@@ -238,7 +260,10 @@ class Watcher:
             msg += f" (not set on the box: {', '.join(missing)})"
         final = result.get("final_state") or ("gone" if result.get("gone") else None)
         self.stop.update(outcome=outcome, final_state=final, msg=msg, result=result)
+        if ended != "stopped":  # a stop that did not take: a teardown may take the box again
+            release_box(token)
         decide_mod.stop_ended(memory, ended, msg, timers, self.clock())
+        return obs
 
     def _poll(self, timers: Timers) -> None:
         """A stop was issued for this generation already: read the status, never run the stop again."""
@@ -270,10 +295,11 @@ class Watcher:
         at = state.utc_iso(wall)
         reason = state.one_line(decision.reason)
         line = None
-        if self.published != (generation, decision.state):
+        published = (generation, decision.state, reason if decision.state == "waiting" else "")
+        if self.published != published:
             self.history = state.with_history(self.history, at, decision.state, reason)
             line = f"{at} {decision.state} {reason}"
-            self.published = (generation, decision.state)
+            self.published = published
         timers = self._timers(self.armed) if self.armed is not None else None
         timing = decision.state in ("idle_wait", "silence_wait", "gate_failed") and decision.due_in_s is not None
         doc = {

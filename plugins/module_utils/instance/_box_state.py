@@ -147,11 +147,35 @@ def registered_data_dirs(directory: Optional[str] = None) -> Tuple[List[Dict[str
     return _entries(doc), problem
 
 
+def _named_instance(data: bytes) -> Optional[str]:
+    """The ``RGT_INSTANCE_DIR`` a process's environment (NUL-framed) names, or None."""
+    prefix = f"\0{INSTANCE_DIR_ENV}=".encode()
+    start = data.find(prefix)
+    if start < 0:
+        return None
+    value = data[start + len(prefix) : data.index(b"\0", start + len(prefix))].decode("utf-8", "replace").strip()
+    return os.path.normpath(value) if os.path.isabs(value) else None
+
+
+def _mount_namespace(process: str) -> Optional[str]:
+    try:
+        return os.readlink(os.path.join(process, "ns", "mnt"))
+    except OSError:
+        return None
+
+
 def marker_data_dirs(proc: str = "/proc") -> List[str]:
-    """The data dirs of every live process carrying ``RGT_RUN_DIR=<data_dir>/runs/<run>`` (sorted, unique)."""
+    """The data dirs of every live process carrying ``RGT_RUN_DIR=<data_dir>/runs/<run>`` (sorted, unique).
+
+    A process that names an instance directory other than the one this process names (both set through
+    ``RGT_INSTANCE_DIR``) belongs to another instance sharing the machine (a test's box), and one in another mount
+    namespace (a container's) names a path that is not this filesystem's: neither is counted."""
     prefix = f"\0{RUN_MARKER}=".encode()
     found = set()
     own = os.getpid()
+    chosen = os.environ.get(INSTANCE_DIR_ENV, "").strip()
+    ours = os.path.normpath(chosen) if os.path.isabs(chosen) else None
+    own_mounts = _mount_namespace(os.path.join(proc, "self"))
     try:
         names = os.listdir(proc)
     except OSError:
@@ -166,6 +190,12 @@ def marker_data_dirs(proc: str = "/proc") -> List[str]:
             continue  # gone, or another user's process
         start = data.find(prefix)
         if start < 0:
+            continue
+        theirs = _named_instance(data) if ours else None
+        if theirs is not None and theirs != ours:
+            continue
+        mounts = _mount_namespace(os.path.join(proc, name)) if own_mounts else None
+        if mounts is not None and mounts != own_mounts:
             continue
         end = data.index(b"\0", start + len(prefix))
         value = os.path.normpath(data[start + len(prefix) : end].decode("utf-8", "replace"))

@@ -18,7 +18,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._deadline import run_with_deadline
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import (
@@ -85,10 +85,13 @@ def _attempt_number(directory: str, name: str, suffix: str) -> int:
 
 
 def _durable_look(durable_run: str) -> Dict[str, Any]:
-    """What the durable run directory says about its launch, and the last attempt archived beside it."""
+    """What the durable run directory says about its launch, the cells it holds, and the last attempt archived
+    beside it."""
     owner = durable_owner(durable_run)
     parent, name = os.path.split(durable_run)
-    return dict(owner, attempts=_attempt_number(parent, name, ""))
+    cells = os.path.join(durable_run, "cells")
+    held = sorted(os.listdir(cells)) if os.path.isdir(cells) else []
+    return dict(owner, cells=held, attempts=_attempt_number(parent, name, ""))
 
 
 def _durable(durable_run: str) -> Dict[str, Any]:
@@ -109,11 +112,14 @@ def plan(
     launch_id: str,
     has_scratch: bool,
     new_attempt: bool,
+    cells: Sequence[str] = (),
 ) -> Attempt:
     """May a start of ``spec_run`` as launch ``launch_id`` go ahead; AttemptRefused when not.
 
     ``has_scratch``: this box holds the run's run.json (a resume of the launch recorded there, whose id the caller
-    passes). Without it, ``new_attempt`` turns each refusal into an archive.
+    passes). Without it, ``new_attempt`` turns each refusal into an archive. ``cells``: this launch's cells; joining
+    the launch of a durable copy that holds one of them would overwrite it, so that way out is offered only when
+    none is there.
     """
     tombstone = tombstone_path(data_dir, spec_run)
     torn_down = os.path.lexists(tombstone)
@@ -145,8 +151,13 @@ def plan(
             )
         if conflict is not None:
             other = look.get("launch_id") if look is not None else None
-            join = f", set launch_id: {other} to add this box to that launch" if other else ""
-            raise AttemptRefused(f"run {spec_run}: {conflict}, not {launch_id}: {WAY_OUT}{join}, or use a new run name")
+            held = [cell for cell in (look or {}).get("cells", []) if cell in cells]
+            join = f", set launch_id: {other} to add this box to that launch" if other and not held else ""
+            which = f"cell {held[0]}" if len(held) == 1 else f"cells {', '.join(held[:5])}"
+            overwrite = f" (joining launch {other} would overwrite its {which})" if other and held else ""
+            raise AttemptRefused(
+                f"run {spec_run}: {conflict}, not {launch_id}: {WAY_OUT}{join}, or use a new run name{overwrite}"
+            )
         return Attempt(launch_id)
     # One N for both renames, so an archived durable copy and its tombstone are easy to pair.
     tombstones = os.path.dirname(tombstone)

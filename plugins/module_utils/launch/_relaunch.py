@@ -16,11 +16,14 @@ an older spec.json lacks counts as its default. Pure standard library.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._deadline import run_with_deadline
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.instance._box_state import known_data_dirs
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _run_detach as detach
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch._launch_attempt import (
     Attempt,
@@ -38,6 +41,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._run_sta
     read_json_quietly,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import (
+    REGISTRY_TIMEOUT_S,
     RUN_MARKER,
     Run,
     read_run_registry,
@@ -206,12 +210,21 @@ def refuse_orphans(run: str, run_directory: str) -> None:
 
 
 def _refuse_others(spec: RunSpec, allow_concurrent: bool, warn: Callable[[str], None]) -> None:
-    runs, problems = read_run_registry(spec.data_dir)
+    """A live run of the box, in this data dir or any other the box knows, refuses the start unless allowed."""
+    answer = run_with_deadline({"dirs": functools.partial(known_data_dirs, [spec.data_dir])}, REGISTRY_TIMEOUT_S)
+    dirs, problems = answer["dirs"].get("value") or ([spec.data_dir], ["the box's other data dirs did not answer"])
+    others: List[str] = []
+    for index, data_dir in enumerate(dirs):
+        runs, more = read_run_registry(data_dir)
+        problems = [*problems, *more]
+        where = f" in {data_dir}" if index else ""
+        others += [
+            f"{r.name}{where} (pgid {r.pgid})" for r in runs if (index or r.name != spec.run) and detach.is_live(r)
+        ]
     for problem in problems:
         warn(f"run registry: {problem}")
-    others = [r for r in runs if r.name != spec.run and detach.is_live(r)]
     if others and not allow_concurrent:
-        names = ", ".join(f"{r.name} (pgid {r.pgid})" for r in others)
+        names = ", ".join(others)
         raise RelaunchRefused(f"run {names} is running on this box; set allow_concurrent to start {spec.run} beside it")
 
 
@@ -280,6 +293,7 @@ def decide_start(
             launch_id=launch_id,
             has_scratch=has_scratch,
             new_attempt=bool(params.get("new_attempt")),
+            cells=[cell.name for cell in spec.cells],
         )
     except (RelaunchRefused, AttemptRefused) as exc:
         changes = tuple(getattr(exc, "changes", ()))

@@ -18,13 +18,21 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import time
 from dataclasses import replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.autostop._autostop_arm import Arming, apply, prepare
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.box._box_since import box_started_at
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._command import subprocess_runner
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._deadline import run_with_deadline
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.instance._box_state import register_data_dir
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.instance._gpu_users import (
+    GPU_DEVICE,
+    gpu_users,
+    named,
+    outside_runs,
+)
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.instance._ledger import cost_basis
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _run_detach as detach
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch._launch_attempt import (
     AttemptRefused,
@@ -64,6 +72,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runspec
     secrets_json,
     spec_json,
 )
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_run import STOPPER, write_stop_record
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._runner import RUN_PY, RUNNER_MODULES
 
 GPU_QUERY = ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"]
@@ -190,6 +199,30 @@ def _arming(params: Mapping[str, Any]) -> Optional[Arming]:
     return prepare(dict(options, **where))
 
 
+def _register(spec: RunSpec, warn: Callable[[str], None]) -> None:
+    """Tell the box this data dir holds runs: a teardown or a watcher armed for another data dir must see them."""
+    try:
+        register_data_dir(spec.data_dir, spec.durable_dir)
+    except (OSError, TimeoutError) as exc:
+        warn(
+            f"data_dir {spec.data_dir} is not in the box's data dir registry ({exc}): a teardown or an autostop armed "
+            "for another data dir sees this run only while it runs (set RGT_INSTANCE_DIR to a writable directory)"
+        )
+
+
+def _warn_foreign_gpus(gpus: List[int], warn: Callable[[str], None]) -> None:
+    """A GPU this run may be given that a process of no run holds (a job started by hand) is shared, not free: said,
+    not refused (the runner only waits for GPUs other runs hold)."""
+    users, _unreadable = gpu_users(pattern=GPU_DEVICE)
+    given = set(gpus)
+    for gpu in sorted({g for user in outside_runs(users) for g in user["gpus"] if not given or g in given}):
+        holders = [user for user in outside_runs(users) if gpu in user["gpus"]]
+        warn(
+            f"GPU {gpu} is in use by {named(holders)}, which belongs to no run (started by hand?): a cell given GPU "
+            f"{gpu} shares it; stop that process, or launch on other GPUs (launch_gpus)"
+        )
+
+
 def _with_autostop(result: Dict[str, Any], autostop: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     if autostop is None:
         return dict(result, autostop=None)
@@ -212,6 +245,10 @@ def started(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], N
                 decision = decide_start(spec, params, how, check_mode, warn)
             except RelaunchRefused as exc:
                 raise LaunchError(str(exc), exc.facts) from exc
+            if not check_mode:
+                _register(decision.spec, warn)
+            if decision.relaunch.outcome in ("started", "resumed"):
+                _warn_foreign_gpus(list(decision.spec.gpus), warn)
             # Armed before the runner starts: a run never goes unwatched, and a failed arm starts nothing.
             autostop = None if arming is None else apply(replace(arming, launch_id=decision.spec.launch_id), check_mode)
             if decision.result is not None:
@@ -253,6 +290,9 @@ def stopped(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], N
     if not os.path.isabs(data_dir):
         raise ValueError(f"data_dir must be an absolute path, not {data_dir!r}")
     run_dir(data_dir, run)  # ValueError for a bad name
+    stopper = params.get("stopped_by")
+    if stopper is not None and not STOPPER.match(stopper):
+        raise ValueError(f"stopped_by must be one word of letters, digits, _ . or - (at most 32), not {stopper!r}")
     _probe_data_dir(data_dir)
     arming = _arming(params)
     autostop = None if arming is None else apply(arming, check_mode)
@@ -275,6 +315,8 @@ def stopped(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], N
     what = f"run {run} (pgid {result['pgid']})" if disk.live else f"{len(leftovers)} process(es) left by run {run}"
     if check_mode:
         return _with_autostop(dict(result, changed=True, msg=f"would stop {what}, SIGKILL after {grace:g} s"), autostop)
+    if stopper is not None:  # before the signal: the runner records each cell it stops as stopped by this stopper
+        write_stop_record(disk.run_dir, stopper, time.time())
     outcome = detach.stop_run(target, grace, markers, STOP_SETTLE_S)
     after = OnDisk(data_dir, run)
     result = dict(facts(spec, data_dir, run, after), **launch, detach=result["detach"], changed=True)
@@ -289,7 +331,8 @@ def stopped(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], N
 
 def training_run(params: Mapping[str, Any], check_mode: bool, warn: Callable[[str], None]) -> Dict[str, Any]:
     """The module's work; ValueError (a bad option, a refused autostop) and LaunchError carry the one-line failure
-    message. ``box_started_at``: since when the box bills, for the controller's cost."""
+    message. ``box_now``, ``box_started_at`` and ``ledger``: the box's cost ledger for the controller's cost
+    (``_ledger.cost_basis``), recorded on the box except in check mode, which computes the same figures."""
     work = stopped if params.get("state") == "stopped" else started
     result = work(params, check_mode, warn)
-    return dict(result, box_started_at=box_started_at(params["data_dir"]))
+    return dict(result, **cost_basis([params["data_dir"]], write=not check_mode))

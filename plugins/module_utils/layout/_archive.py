@@ -3,11 +3,14 @@
 """Retire finished or crashed runs on a box without deleting a byte (issue 20).
 
 A run directory ``<data_dir>/runs/<run>`` is renamed to ``<data_dir>/runs/.archive/<run>-<UTC stamp>``: one
-``rename`` on the runs' own filesystem, never a copy and a delete, so every file keeps its inode and bytes. Patrol
-then no longer lists the run (no escalation each tick) and counts it; teardown's instance gate still sees it (its
-scratch may hold the only results). A live run (its runner, or any process carrying its ``RGT_RUN_DIR``) is refused,
-as is a run whose teardown did not finish. Every check and the move run in a forked child under a deadline (a hung
-data dir fails the call instead of hanging it), all under the box's launch lock. Pure standard library.
+``rename`` on the runs' own filesystem, never a copy and a delete, so every file keeps its inode and bytes. Its
+durable copy ``<durable_dir>/runs/<run>`` (the durable_dir its run.json names) moves with it, to
+``<durable_dir>/runs/.archive/<run>-<UTC stamp>`` (``_archive_durable``): left there, a new run of the name would
+write over it. Patrol then no longer lists the run (no escalation each tick) and counts it; teardown's instance gate
+still sees it (its scratch may hold the only results). A live run (its runner, or any process carrying its
+``RGT_RUN_DIR``) is refused, as is a run whose teardown did not finish or whose durable copy cannot be moved. Every
+check and the move run in a forked child under a deadline (a hung data dir fails the call instead of hanging it),
+all under the box's launch lock. Pure standard library.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._deadline import run_with_deadline
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._files import fsync_directory
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _run_detach as detach
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout import _archive_durable as durable_side
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._run_state import OnDisk, read_json_quietly
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import (
     ARCHIVE_STAMP,
@@ -99,13 +103,15 @@ def _plan(data_dir: str, run: str, stamp: str) -> Dict[str, Any]:
     """One run's entry: already archived or torn down (nothing to do), to be archived, or ``refused`` (why)."""
     source = run_dir(data_dir, run)
     entry: Dict[str, Any] = {"run": run, "state": "refused", "from": source, "path": None, "refused": None}
-    entry.update(record=None, archived_at=None, reason=None)
+    entry.update(record=None, archived_at=None, reason=None, durable=None)
     if not os.path.lexists(source):
         earlier = [archived for archived in list_archived(data_dir) if archived.run == run]
         if earlier:
             record = read_json_quietly(archive_record(earlier[-1].path)) or {}
             entry.update(state="already_archived", path=earlier[-1].path, record=archive_record(earlier[-1].path))
+            durable = record.get("durable")
             entry.update(archived_at=record.get("archived_at"), reason=record.get("reason"))
+            entry["durable"] = durable if isinstance(durable, dict) else None
         elif read_json_quietly(tombstone_path(data_dir, run)) is not None:
             entry.update(state="torn_down", path=None)
         else:
@@ -126,22 +132,40 @@ def _plan(data_dir: str, run: str, stamp: str) -> Dict[str, Any]:
     if os.path.lexists(target):
         entry["refused"] = f"run {run}: {target} exists already; archive again in a second"
         return entry
+    durable = durable_side.plan_durable(source, run, os.path.basename(target))
+    entry["durable"] = {key: durable[key] for key in ("state", "dir", "from", "to")}
+    if durable["refused"]:
+        entry["refused"] = f"run {run}: {durable['refused']}"
+        return entry
     entry.update(state="would_archive", path=target)
     return entry
 
 
 def _move(entry: Dict[str, Any], reason: Optional[str], archived_at: str) -> None:
-    """Rename one run into the archive, then write its record beside it; EXDEV is refused, never copied."""
+    """Rename the run's durable copy aside, then its scratch (moving the copy back when the scratch cannot move),
+    then write the record beside it; EXDEV is refused, never copied. The durable rename goes first as the one that
+    may meet a network mount: when it fails, nothing of the run moved."""
+    durable = entry["durable"]
+    if durable["state"] == "to_move":
+        failed = durable_side.rename_bounded(durable["from"], durable["to"])
+        if failed:
+            raise OSError(f"its durable copy did not move ({failed})")
+        durable["state"] = "moved"
     try:
         os.rename(entry["from"], entry["path"])
     except OSError as exc:
+        why = exc.strerror or str(exc)
         if exc.errno == errno.EXDEV:
-            raise OSError(f"{entry['path']} is on another filesystem than {entry['from']}: nothing copied") from exc
-        raise
+            why = f"{entry['path']} is on another filesystem than {entry['from']}: nothing copied"
+        if durable["state"] == "moved":
+            undone = durable_side.rename_bounded(durable["to"], durable["from"])
+            durable["state"] = "to_move" if undone is None else "moved"
+            why += "; its durable copy moved back" if undone is None else f"; its durable copy stays at {durable['to']}"
+        raise OSError(why) from exc
     fsync_directory(os.path.dirname(entry["from"]))
     fsync_directory(os.path.dirname(entry["path"]))
     record = {"run": entry["run"], "from": entry["from"], "to": entry["path"], "archived_at": archived_at}
-    write_json_atomic(archive_record(entry["path"]), dict(record, reason=reason))
+    write_json_atomic(archive_record(entry["path"]), dict(record, reason=reason, durable=durable))
     entry.update(state="archived", record=archive_record(entry["path"]), archived_at=archived_at, reason=reason)
 
 
@@ -161,7 +185,7 @@ def _archive(data_dir: str, runs: Sequence[str], reason: Optional[str], check_mo
         if check_mode:
             for entry in entries:
                 entry.update(reason=reason if entry["state"] == "would_archive" else entry["reason"])
-            return {"entries": entries}
+            return {"entries": _durable_states(entries, "would_move")}
         to_move = [entry for entry in entries if entry["state"] == "would_archive"]
         if any(entry["refused"] for entry in entries):
             to_move = []
@@ -175,14 +199,32 @@ def _archive(data_dir: str, runs: Sequence[str], reason: Optional[str], check_mo
                 break  # what moved before stays moved: each entry says where it is
         for entry in entries:
             entry.update(state="not_moved" if entry["state"] == "would_archive" else entry["state"])
-    return {"entries": entries}
+    return {"entries": _durable_states(entries, "not_moved")}
+
+
+def _durable_states(entries: List[Dict[str, Any]], unmoved: str) -> List[Dict[str, Any]]:
+    """A durable copy planned to move but left where it was says so (would_move in check mode, else not_moved)."""
+    for entry in entries:
+        if entry["durable"] and entry["durable"]["state"] == "to_move":
+            entry["durable"]["state"] = unmoved
+    return entries
+
+
+def _durable_part(entry: Mapping[str, Any]) -> str:
+    durable = entry.get("durable") or {}
+    return {
+        "moved": f" (durable copy -> {durable.get('to')})",
+        "would_move": f" (durable copy to {durable.get('to')})",
+        "other_launch": f" (durable copy {durable.get('from')} left: another launch's)",
+        "shared": f" (durable copy {durable.get('from')} left: it holds other boxes' cells of the launch)",
+    }.get(durable.get("state"), "")
 
 
 def _line(entry: Mapping[str, Any]) -> str:
     run, where = entry["run"], os.path.relpath(entry["path"], os.path.dirname(entry["from"])) if entry["path"] else ""
     return {
-        "archived": f"{run} -> {where}",
-        "would_archive": f"{run} would move to {where}",
+        "archived": f"{run} -> {where}{_durable_part(entry)}",
+        "would_archive": f"{run} would move to {where}{_durable_part(entry)}",
         "not_moved": f"{run} not moved",
         "already_archived": f"{run} already archived as {where}",
         "torn_down": f"{run} torn down already (no scratch left)",

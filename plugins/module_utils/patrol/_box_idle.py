@@ -5,7 +5,8 @@ autostop watcher decided, and the patrol's tick that the watcher's dead-man cloc
 
 Every run on the box counts, whatever run the tick patrols: the box bills for all of them. The readers run in one
 forked child under the tick's deadline (:func:`box_probe`), so a hung data_dir costs a note, never the tick; the
-tick file is the only write, skipped in check mode like the scan cursors. :func:`whole_box` is pure.
+tick file and the box's cost ledger (``instance/_ledger``) are the only writes, skipped in check mode like the scan
+cursors. :func:`whole_box` is pure.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.autostop._autos
     read_decision,
     watcher_alive,
 )
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.box import _box_since
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.instance import _ledger
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.instance._box_state import utc_iso as _iso
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import (
     MAX_REGISTERED_RUNS,
     NAME_PATTERN,
@@ -60,6 +62,8 @@ DECISION_TEXT = ("state", "reason", "due_at", "next_check_at", "updated_at", "tr
 DECISION_NUMBERS = ("idle_s", "idle_needed_s", "silence_s", "silence_needed_s")
 UNKNOWN_BOX = {
     "since": None,
+    "box_now": None,
+    "ledger": None,
     "container_started_at": None,
     "live_runs": [],
     "idle": None,
@@ -69,7 +73,7 @@ UNKNOWN_BOX = {
 
 
 def utc_iso(timestamp: Optional[float]) -> Optional[str]:
-    return None if timestamp is None else _box_since.iso_utc(timestamp)
+    return None if timestamp is None else _iso(timestamp)
 
 
 def read_small_json(path: str) -> Tuple[Any, Optional[str]]:
@@ -148,19 +152,17 @@ def last_activity(run_directory: str) -> Optional[float]:
     return max(moments, default=None)
 
 
-def scan_box(data_dir: str) -> Dict[str, Any]:
+def scan_box(data_dir: str, write: bool = False, now: Optional[float] = None) -> Dict[str, Any]:
     """Each run on the box (live: its runner, or a cell outliving it; DONE; its last activity), the container's
-    start and since when the box bills."""
+    start and the box's cost ledger (recorded with ``write``: never in check mode) on the box's clock ``now``."""
     # Imported in the probe's child, as the runs probe does: the module's own import stays light.
     from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._run_state import OnDisk  # noqa: PLC0415
 
     names, problem = registered_runs(data_dir)
     living = live_cells(os.path.join(runs_root(data_dir), name) for name in names)
-    runs, registered = [], []
+    runs = []
     for name in names:
         disk = OnDisk(data_dir, name)
-        if disk.registered is not None:
-            registered.append(disk.registered)
         runs.append(
             {
                 "run": name,
@@ -170,12 +172,15 @@ def scan_box(data_dir: str) -> Dict[str, Any]:
                 "problem": disk.problem,
             }
         )
+    # The ledger every stage's cost counts from (training_run's and teardown_gate's too).
+    basis = _ledger.cost_basis([data_dir], write, now)
     return {
         "runs": runs,
         "problem": problem,
-        "container_started_at": _box_since.container_started_at(),
-        # The rule every stage's cost counts from (training_run's and teardown_gate's box_started_at).
-        "since": _box_since.box_started_at(data_dir, registered),
+        "container_started_at": _ledger.container_started_at(),
+        "since": basis["box_started_at"],
+        "box_now": basis["box_now"],
+        "ledger": basis["ledger"],
     }
 
 
@@ -197,7 +202,7 @@ def read_autostop(data_dir: str) -> Dict[str, Any]:
 def box_probe(data_dir: str, write: bool, now: float) -> Dict[str, Any]:
     """The probe's child: the tick first (a box whose readers fail still hears from its controller), then reads."""
     tick = write_tick(data_dir, now) if write else {"tick": None, "note": None}
-    return {"tick": tick, "box": scan_box(data_dir), "autostop": read_autostop(data_dir)}
+    return {"tick": tick, "box": scan_box(data_dir, write, now), "autostop": read_autostop(data_dir)}
 
 
 def _text(value: Any) -> Optional[str]:
@@ -266,9 +271,9 @@ def autostop_facts(read: Mapping[str, Any], data_dir: str) -> Tuple[Dict[str, An
 
 
 def box_idle_facts(scan: Mapping[str, Any], now: float, examined: Sequence[str]) -> Tuple[Dict[str, Any], List[str]]:
-    """The ``box`` fact: live and DONE runs, since when the box bills (the earliest run's start, not before the
-    container's) and, with no live run, since when it idles (the newest of the container's start and each run's
-    last activity, never in the future). ``idle`` is null when the runs could not be listed."""
+    """The ``box`` fact: live and DONE runs, since when the box bills and its cost ledger (``since``, ``box_now``,
+    ``ledger``: see ``_ledger``) and, with no live run, since when it idles (the newest of the container's start and
+    each run's last activity, never past ``now``). ``idle`` is null when the runs could not be listed."""
     runs = scan["runs"]
     # A run the runs probe examined has its unreadable run.json noted there already.
     notes = [f"box: {run['problem']}" for run in runs if run.get("problem") and run["run"] not in examined]
@@ -277,10 +282,13 @@ def box_idle_facts(scan: Mapping[str, Any], now: float, examined: Sequence[str])
     facts = dict(
         UNKNOWN_BOX,
         since=scan.get("since") if isinstance(scan.get("since"), str) else None,
+        box_now=scan.get("box_now") if isinstance(scan.get("box_now"), str) else utc_iso(now),
+        ledger=scan.get("ledger") if isinstance(scan.get("ledger"), dict) else None,
         container_started_at=utc_iso(container),
         live_runs=live,
         runs_done=[run["run"] for run in runs if run.get("done")],
     )
+    notes += [f"box: {note}" for note in (facts["ledger"] or {}).get("notes") or []]
     if scan.get("problem"):
         return facts, [*notes, f"box: {scan['problem']}; whether it idles is unknown"]
     moments = [m for m in (container, *(finite(run.get("last_activity")) for run in runs)) if m is not None]

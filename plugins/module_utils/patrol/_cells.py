@@ -161,6 +161,8 @@ def judge_cell(
     cell.update(silent_gpus_busy=False, stall_reason=None, eta_s=None)
     cell["nan_seen"] = any(s.get("signature") == "nan_loss" for s in cell.get("crash_signatures") or [])
     cell["exception"] = exception_line(cell, crash_names) if status != "succeeded" else None
+    if status == "failed" and str(cell.get("reason") or "").startswith("stopped by "):
+        cell["exception"] = str(cell["reason"])[:200]  # stopped on purpose (teardown): the runner's reason says so
     allowed, used = 1 + (cell.get("retries") or 0), cell.get("attempts") or 0
     cell["retries_left"] = max(0, allowed - used) if status == "failed" else max(0, allowed - max(used, 1))
     if status == "succeeded":

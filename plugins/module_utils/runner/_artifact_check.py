@@ -15,6 +15,9 @@ After an artifact's copy in durable_dir was verified byte for byte, the run may 
   read in bounded chunks; a header that lies (bad JSON, offsets past the end, a size that does not fit the shape)
   is a failure too, since no loader would take it.
 
+A failed check says what kind of bad the copy is (``bad``: ``non-finite``, ``not-safetensors``, ``verify_cmd``):
+the sync marks it so in the run's ``MANIFEST.sha256`` (``_cell_sync``), and teardown names it.
+
 Pure standard library (Python 3.8+).
 """
 
@@ -42,6 +45,10 @@ MESSAGE_CHARS = 400
 SAFETENSORS_SUFFIX = ".safetensors"
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
 CHUNK_BYTES = 8 * 1024 * 1024
+# What a failed check marks the copy as: a tensor holds NaN/Inf, no safetensors file at all, the user's loader refused.
+BAD_NON_FINITE, BAD_NOT_SAFETENSORS, BAD_VERIFY_CMD = "non-finite", "not-safetensors", "verify_cmd"
+_NOT_LOADABLE = "not a loadable safetensors file"
+_UNREADABLE = "cannot be read"
 # Bytes per element of the dtypes safetensors names; a tensor of another dtype is not size-checked.
 ITEM_SIZES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
@@ -165,9 +172,9 @@ def check_finite(path: str, stopped: Callable[[], bool] = lambda: False) -> Tupl
                     what = "NaN" if math.isnan(value) else f"{value}".replace("inf", "Inf")
                     return False, f"tensor {name!r} ({dtype}) holds {what} at element {index}"
     except ArtifactError as exc:
-        return False, f"not a loadable safetensors file: {exc}"
+        return False, f"{_NOT_LOADABLE}: {exc}"
     except OSError as exc:
-        return False, f"cannot be read: {exc.strerror or exc}"
+        return False, f"{_UNREADABLE}: {exc.strerror or exc}"
     return True, f"{floats} float tensor(s) finite"
 
 
@@ -221,16 +228,18 @@ class Verifier:
     artifacts: Tuple[str, ...] = ()
 
     def check(self, relative: str, path: str, stopped: Callable[[], bool] = lambda: False) -> Optional[Dict[str, Any]]:
-        """``{path: relative, ok, message}`` for the copy at ``path``; None when nothing applies to it."""
+        """``{path: relative, ok, message}`` for the copy at ``path`` (a failure adds ``bad``, its kind); None when
+        nothing applies to it."""
         said: List[str] = []
         if self.check_finite and path.lower().endswith(SAFETENSORS_SUFFIX):
             ok, message = check_finite(path, stopped)
             if not ok:
-                return {"path": relative, "ok": False, "message": message}
+                kind = BAD_NOT_SAFETENSORS if message.startswith((_NOT_LOADABLE, _UNREADABLE)) else BAD_NON_FINITE
+                return {"path": relative, "ok": False, "message": message, "bad": kind}
             said.append(message)
         if self.command and chosen(relative, self.artifacts):
             ok, message = run_verify_cmd(self.command, path, self.timeout_s)
             if not ok:
-                return {"path": relative, "ok": False, "message": message}
+                return {"path": relative, "ok": False, "message": message, "bad": BAD_VERIFY_CMD}
             said.append(message)
         return {"path": relative, "ok": True, "message": "; ".join(said)} if said else None

@@ -9,6 +9,9 @@
   that the command succeeded, so the next start copies again instead of training again (:meth:`CellRun.recopy`).
 - The sync with the cell's effective lists (its own keys, else the run's) and the run's checks, then
   ``result.json``: the contract's record that patrol and teardown read (:meth:`CellRun.done`).
+- A cell the run's stop ended says who stopped it when the stopper left a record first (``stop.json`` in the run
+  directory, :func:`write_stop_record`: teardown's ``stop_running``): ``reason`` ``stopped by teardown at HH:MM UTC``
+  in ``exit.json`` and ``result.json``, with ``stopped_by`` ``{by, at}``; without one it stays ``run stopped``.
 
 Pure standard library (Python 3.8+).
 """
@@ -19,8 +22,10 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import threading
 import time
+from datetime import datetime
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import (
@@ -57,9 +62,38 @@ OWN_CELL_FILES = ("log", "result.json", "result.prev.json", "exit.json", ".hook-
 QUARANTINE_S = 300.0
 DEFAULTS = {"PYTHONUNBUFFERED": "1", "WANDB_START_METHOD": "thread", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
+# Who stopped the run and when, written by the stopper before its signal (training_run's stopped_by).
+STOP_RECORD = "stop.json"
+STOP_RECORD_BYTES = 4096
+RUN_STOPPED = "run stopped"  # _cell_exec's reason for a cell the run's stop ended
+STOPPER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
+
 Gpus = Optional[Tuple[int, ...]]
 # The queue's side: (cell, its GPUs, it failed, its GPUs are free to hand out again).
 Release = Callable[[CellSpec, Gpus, bool, bool], None]
+
+
+def write_stop_record(run_dir: str, by: str, now: float) -> None:
+    """Record, before the signal, that ``by`` (one word: ``teardown``) stops the run at ``now``; ValueError for a
+    ``by`` that is not one."""
+    if not isinstance(by, str) or not STOPPER.match(by):
+        raise ValueError(f"stopped_by must be one word of letters, digits, _ . or - (at most 32), not {by!r}")
+    write_json_atomic(os.path.join(run_dir, STOP_RECORD), {"by": by, "at": utc_iso(now)})
+
+
+def stopped_by(run_dir: str, since: float) -> Optional[Dict[str, str]]:
+    """``{by, at, reason}`` from the run's stop record when it was written at or after ``since`` (the cell's start:
+    an older record is an earlier stop's), else None. The record is read bounded and checked: the box's own file."""
+    try:
+        with open(os.path.join(run_dir, STOP_RECORD), "rb") as handle:
+            record = json.loads(handle.read(STOP_RECORD_BYTES).decode("utf-8"))
+        by, at = record["by"], record["at"]
+        when = datetime.fromisoformat(at)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(by, str) or not STOPPER.match(by) or when.tzinfo is None or when.timestamp() < since:
+        return None
+    return {"by": by, "at": at, "reason": f"stopped by {by} at {when.strftime('%H:%M')} UTC"}
 
 
 class CellRun:
@@ -233,6 +267,9 @@ class CellRun:
         log_path = os.path.join(directory, "log")
         outcome, first_start, attempt = self._attempts(cell, gpus, log_path)
         described = outcome.describe()
+        stop = stopped_by(self.run_dir, first_start) if outcome.reason == RUN_STOPPED else None
+        if stop is not None:
+            append_line(log_path, f"[rgt {utc_iso(time.time())}] {stop['reason']}")
         sync = SyncOutcome("skipped")
         ended = {
             "schema": 1, "cell": cell.name, "status": "succeeded" if outcome.succeeded else "failed",
@@ -241,7 +278,10 @@ class CellRun:
             "reason": outcome.reason or (None if outcome.succeeded else described), "command": list(cell.command),
             "checkpoint_dir": base, "gpus": list(gpus) if gpus is not None else None,
             "hook_failed": outcome.hook_failed,
+            "stopped_by": {"by": stop["by"], "at": stop["at"]} if stop is not None else None,
         }  # fmt: skip
+        if stop is not None:
+            ended["reason"] = stop["reason"]
         # Before any sync: a runner killed while copying leaves the proof that the command succeeded, so the next
         # start copies again instead of training again.
         write_json_atomic(exit_json(self.run_dir, cell.name), ended)
@@ -267,7 +307,10 @@ class CellRun:
         self, cell: CellSpec, ended: Mapping[str, Any], sync: SyncOutcome, recopied: bool, leftovers: List[Any]
     ) -> None:
         """result.json from the command's end (exit.json's fields) and the sync."""
-        keys = ("status", "exit_code", "signal", "started_at", "ended_at", "attempts", "reason", "gpus", "command")
+        keys = (
+            "status", "exit_code", "signal", "started_at", "ended_at", "attempts", "reason", "gpus", "command",
+            "stopped_by",
+        )  # fmt: skip
         result = {"schema": 1, "cell": cell.name, **{key: ended.get(key) for key in keys}}
         result.update(
             hook_failed=bool(ended.get("hook_failed")), recopied=recopied, sync=sync.sync, sync_error=sync.error,

@@ -7,8 +7,10 @@ counts as synced only after its copy was written through a temporary file, fsync
 durable directory (with the page cache dropped where the kernel allows) and found equal in size and sha256 to
 the source; only then does its line go into ``MANIFEST.sha256``. Then the run's checks of each copy
 (``_artifact_check.Verifier``: the user's loader, finite safetensors weights) must pass too. Anything else is
-``sync: failed`` with the reason. The scratch copy is never deleted (prune removes only what the run's patterns
-name, inside the cell's checkpoint directory: ``_cell_files``).
+``sync: failed`` with the reason, and the copy a check refused stays listed with a mark after its line, ``# bad
+<kind>  cells/<cell>/<path>`` (two spaces apart, as the entries' fields): a comment, so readers of the entries skip
+it, and the durable and pulled copies say which files are known bad. The scratch copy is never deleted (prune
+removes only what the run's patterns name, inside the cell's checkpoint directory: ``_cell_files``).
 
 A durable run directory belongs to one launch: ``.launch.json`` names it, written by the first sync of that launch
 and checked before every copy, so a manifest never mixes two launches of one run name (a relaunch after teardown,
@@ -59,6 +61,8 @@ TEMP_NAME = re.compile(r"^\..+\.rgt-tmp-[0-9a-f]{8}$")
 # manifest's of earlier versions (at the top of the durable run directory).
 OLD_TEMP_NAME = re.compile(r"^\..+\.rgt-[0-9a-f]{8}\.tmp$")
 TOP_TEMP_NAME = re.compile(r"^(MANIFEST\.sha256|\.\.launch\.json)\.[0-9a-f]{8}\.tmp$")
+# A copy a check refused: "# bad  <kind>  cells/<cell>/<path>" after its entry (teardown/_copy_verify.known_bad).
+BAD_MARK = "# bad  "
 
 
 @dataclass(frozen=True)
@@ -212,9 +216,17 @@ def claim_durable(durable_run: str, run: str, launch_id: str) -> None:
             os.close(lock_fd)
 
 
-def update_manifest(durable_run: str, cell: str, artifacts: Sequence[Dict[str, object]]) -> None:
-    """Replace the cell's lines of ``MANIFEST.sha256`` (``<sha256>  <size>  cells/<cell>/<path>``), atomically,
-    under an exclusive flock so that cells finishing together never lose each other's lines."""
+def _line_key(line: str) -> Tuple[str, bool]:
+    """Where a manifest line sorts: by its path, a known-bad mark right after its file's entry."""
+    return line.split("  ", 2)[-1], line.startswith(BAD_MARK)
+
+
+def update_manifest(
+    durable_run: str, cell: str, artifacts: Sequence[Dict[str, object]], bad: Sequence[Tuple[str, str]] = ()
+) -> None:
+    """Replace the cell's lines of ``MANIFEST.sha256`` (``<sha256>  <size>  cells/<cell>/<path>``, and a
+    ``# bad  <kind>  cells/<cell>/<path>`` mark per ``(path, kind)`` of ``bad``), atomically, under an exclusive
+    flock so that cells finishing together never lose each other's lines."""
     manifest = os.path.join(durable_run, MANIFEST_NAME)
     prefix = f"cells/{cell}/"
     with _MANIFEST_LOCK:
@@ -223,7 +235,8 @@ def update_manifest(durable_run: str, cell: str, artifacts: Sequence[Dict[str, o
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             kept = [line for line in _manifest_lines(manifest) if not line.split("  ", 2)[-1].startswith(prefix)]
             ours = [f"{a['sha256']}  {a['size']}  {prefix}{a['path']}" for a in artifacts]
-            lines = sorted(kept + ours, key=lambda line: line.split("  ", 2)[-1])
+            ours += [f"{BAD_MARK}{kind}  {prefix}{path}" for path, kind in bad]
+            lines = sorted(kept + ours, key=_line_key)
             temporary = os.path.join(durable_run, f".{MANIFEST_NAME}{TEMP_MARK}{os.urandom(4).hex()}")
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
@@ -331,6 +344,10 @@ def sync_cell(
         if verifier is not None:
             checks, refused = _verify(verifier, destination_root, artifacts, stopped)
             if refused is not None:
+                # A check a stop cut short says nothing of the file: only a finished refusal marks it.
+                bad = [(c["path"], str(c.get("bad") or "check")) for c in checks if not c["ok"]]
+                if bad and not stopped():
+                    update_manifest(durable_run, cell, artifacts, bad)
                 return SyncOutcome("failed", (), refused, tuple(pruned), tuple(problems), tuple(checks))
     except Exception as exc:  # every failure is recorded as sync failed, never raised past the cell
         return SyncOutcome("failed", (), _reason(exc), tuple(pruned), tuple(problems), tuple(checks))

@@ -5,9 +5,11 @@
 Each runner writes, in its ``run.json``, every cell it started with its GPUs (``cells[].gpus``, null for the run's
 every GPU) and ``gpus_held`` (false once the cell gave them back). A cell holds its GPUs while its state is
 ``started``, ``gpus_held`` is not false, and its run's runner lives (the rule of ``_proctree.run_is_live``: a
-launcher of the run lives and was born before the run started, so a reused pid is no launcher). The runners of
-one box take their GPUs under one lock file (``<data_dir>/runs/.gpu-claims.lock``), so two runs never take the
-same free GPU at once.
+launcher of the run lives and was born before the run started, so a reused pid is no launcher). The other runs are
+those of every data dir of the box (``_known_data_dirs``: the data dirs launches registered, and those a
+live run's marker names), not only the runner's own. The runners of one box take their GPUs under one lock file,
+in the instance directory (``<data_dir>/runs/.gpu-claims.lock`` when it cannot be written), so two runs never take
+the same free GPU at once, whatever their data dirs.
 
 Pure standard library (Python 3.8+), Linux /proc.
 """
@@ -16,11 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import time
-from typing import Any, Dict, FrozenSet, Iterator, Optional, Set
+from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Set
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._deadline import run_with_deadline
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.instance._box_state import (
+    instance_dir,
+    known_data_dirs,
+    marker_data_dirs,
+    registered_data_dirs,
+)
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import (
     MAX_RUN_JSON_BYTES,
     Run,
@@ -33,6 +43,7 @@ CLAIMS_LOCK = ".gpu-claims.lock"
 LAUNCHER_BIRTH_SLACK_S = 120.0  # as _proctree: the runner starts a moment before it writes started_at
 RECHECK_S = 3.0  # while cells wait for GPUs other runs hold, their run.json files are read this often
 LOCK_WAIT_S = 2.0  # a lock that cannot be had (a hung mount) is given up: the claims are read without it
+OTHER_DIRS_TIMEOUT_S = 5.0  # the box's other data dirs are read in a child: a hung mount must not stall the runner
 
 
 def boot_time(path: str = "/proc/stat") -> Optional[float]:
@@ -73,7 +84,7 @@ def held_gpus(record: Dict[str, Any]) -> Set[int]:
     return held
 
 
-def held_by_others(data_dir: str, own_run_dir: str, proc: str = "/proc") -> Set[int]:
+def _held_in(data_dir: str, own_run_dir: str, proc: str) -> Set[int]:
     """The GPUs held by live cells of the runs under ``data_dir`` other than ``own_run_dir``."""
     root = runs_root(data_dir)
     own = os.path.realpath(own_run_dir)
@@ -98,6 +109,27 @@ def held_by_others(data_dir: str, own_run_dir: str, proc: str = "/proc") -> Set[
     return held
 
 
+def _held_elsewhere(data_dir: str, own_run_dir: str, proc: str) -> List[int]:
+    paths, _problems = known_data_dirs([data_dir], proc=proc)
+    held: Set[int] = set()
+    for path in paths[1:]:
+        held |= _held_in(path, own_run_dir, proc)
+    return sorted(held)
+
+
+def held_by_others(data_dir: str, own_run_dir: str, proc: str = "/proc") -> Set[int]:
+    """The GPUs held by live cells of the box's runs other than ``own_run_dir``: those under ``data_dir``, and those
+    of every other data dir of the box (read in a child under a deadline, and only when the box has one)."""
+    held = _held_in(data_dir, own_run_dir, proc)
+    entries, _problem = registered_data_dirs()
+    candidates = {os.path.normpath(entry["path"]) for entry in entries} | set(marker_data_dirs(proc))
+    if candidates - {os.path.normpath(data_dir)}:
+        others = functools.partial(_held_elsewhere, data_dir, own_run_dir, proc)
+        answer = run_with_deadline({"others": others}, OTHER_DIRS_TIMEOUT_S)["others"]
+        held.update(answer.get("value") or [])
+    return held
+
+
 class GpuClaims:
     """The GPUs other runs hold, read again when asked (a slot opened) or every ``RECHECK_S`` while waiting."""
 
@@ -117,12 +149,14 @@ class GpuClaims:
 
     @contextlib.contextmanager
     def claiming(self) -> Iterator[None]:
-        """The box's claims lock, held while GPUs are chosen and the choice is written to run.json."""
+        """The box's claims lock, held while GPUs are chosen and the choice is written to run.json: one file for the
+        whole box (the runners of every data dir take it), else the data dir's own."""
         fd: Optional[int] = None
-        with contextlib.suppress(OSError):
-            fd = os.open(
-                os.path.join(runs_root(self.data_dir), CLAIMS_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644
-            )
+        for where in (instance_dir(), runs_root(self.data_dir)):
+            with contextlib.suppress(OSError):
+                os.makedirs(where, mode=0o700, exist_ok=True)
+                fd = os.open(os.path.join(where, CLAIMS_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                break
         try:
             until = time.monotonic() + LOCK_WAIT_S
             while fd is not None:

@@ -78,6 +78,7 @@ RUNNER_MODULES = (
     "layout/_runspec.py", "layout/_runs.py", "box/_disk.py", "common/_deadline.py", "box/_cgroup.py",
     "common/_files.py", "runner/_cell_tree.py", "runner/_gpu_claims.py", "runner/_env_hook.py", "runner/_cell_files.py",
     "runner/_artifact_check.py", "teardown/_load_verify.py", "common/_command.py", "runner/_procfs.py",
+    "instance/_box_state.py",
 )  # fmt: skip
 RUN_PY = f'''#!/usr/bin/env python3
 """The runner of one training run, installed by remote_gpu.trainer.training_run: run.py <run_dir>."""

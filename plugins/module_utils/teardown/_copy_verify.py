@@ -17,10 +17,24 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._deadline import run_with_deadline
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import SHA256_PATTERN
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_sync import hash_file
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_sync import BAD_MARK, hash_file
 
 MAX_REPORTED = 50  # mismatches and extra files listed per copy; the counts are always whole
 DEFAULT_TIMEOUT_S = 1800.0
+MAX_PATH_CHARS, MAX_KIND_CHARS = 500, 40  # a known-bad mark is read from the box: bounded
+
+
+def known_bad(manifest_text: str) -> List[Dict[str, str]]:
+    """``[{path, bad}]``: the files ``MANIFEST.sha256`` marks as known bad (``# bad  <kind>  <path>``: a check of the
+    run refused the copy, for example ``non-finite`` weights or ``verify_cmd``), in the manifest's order."""
+    found: List[Dict[str, str]] = []
+    for line in manifest_text.splitlines():
+        if not line.startswith(BAD_MARK):
+            continue
+        fields = line[len(BAD_MARK) :].split("  ", 1)
+        if len(fields) == 2 and fields[0].strip() and fields[1].strip():
+            found.append({"path": fields[1][:MAX_PATH_CHARS], "bad": fields[0].strip()[:MAX_KIND_CHARS]})
+    return found
 
 
 def checked_relative(path: Any) -> str:

@@ -6,7 +6,9 @@ The verb comes from the profile's declaration (``_meter_stop_verbs.parse_verb``)
 An exit status of 0 proves nothing (``vastai destroy instance ID`` without ``-y`` asks, reads EOF and aborts with
 status 0): success is what the status command says afterwards. "Gone" is only ever read from a status command that
 exited 0 and printed JSON listing the account's instances without this one; a failing command (a traceback saying
-"No such file or directory", an "API key not found") is unknown, never gone. Nothing a provider prints is kept in
+"No such file or directory", an "API key not found") is unknown, never gone. When the box answered moments before
+(``box_answered``), a first poll that reads it gone or stopped means the id names another instance (a stale id):
+refused, nothing runs. Nothing a provider prints is kept in
 the result but the parsed states and one scrubbed error line. Every command is an argv list (no shell) with a
 timeout; the runner, the clock and the sleep are injectable.
 """
@@ -18,7 +20,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._command import (
     RC_NOT_EXECUTABLE,
@@ -54,6 +56,7 @@ __all__ = [
     "plan_for",
     "poll_status",
     "scrub",
+    "stopped_states",
 ]
 
 UNKNOWN = "unknown"
@@ -186,6 +189,7 @@ class Poll:
     final: bool = False
     gone: bool = False
     error: str = ""  # why no state was read; "" when one was
+    intended: Optional[str] = None  # the state at the status' intended_key, when it declares one
 
 
 def _same_id(value: Any, wanted: str) -> bool:
@@ -233,7 +237,8 @@ def poll_status(plan: Plan, runner: Runner) -> Poll:
     state = read_state(doc, status.state_key)
     if state is None:
         return Poll(UNKNOWN, error=f"no state (a non-empty string) at {status.state_key!r}")
-    return Poll(state, final=state in plan.verb.final_states)
+    intended = read_state(doc, status.intended_key) if status.intended_key else None
+    return Poll(state, final=state in plan.verb.final_states, intended=intended)
 
 
 def check_cli(plan: Plan, runner: Runner) -> Optional[str]:
@@ -265,6 +270,7 @@ class Progress:
     command_rc: Optional[int] = None
     command_error: str = ""
     status_error: str = ""
+    stale_id: bool = False
 
     def record(self, poll: Poll) -> None:
         self.polls += 1
@@ -286,6 +292,7 @@ class Progress:
             "command_rc": self.command_rc,
             "command_error": self.command_error,
             "status_error": self.status_error,
+            "stale_id": self.stale_id,
             "msg": msg,
         }
 
@@ -298,14 +305,50 @@ def _done_word(progress: Progress) -> str:
     return GONE if progress.gone else str(progress.final_state)
 
 
+def stopped_states(verbs: Mapping[str, Any], verb: Verb) -> Tuple[str, ...]:
+    """Every state that means stopped for ``verb``'s status: its final states and those of each other declared verb
+    read the same way (RunPod's EXITED, final for stop, is a stopped pod to its delete verb too). A declaration that
+    does not parse adds nothing: the verb in use was parsed already."""
+    found = list(verb.final_states)
+    for name in verbs:
+        try:
+            other = parse_verb(verbs, str(name))
+        except ValueError:
+            continue
+        if other.status is not None and other.status == verb.status:
+            found += [state for state in other.final_states if state not in found]
+    return tuple(found)
+
+
+def _stale_id(plan: Plan, poll: Poll) -> str:
+    status = plan.verb.status
+    ident = status.instance_id if status is not None else ""
+    if poll.gone:
+        return (
+            f"the provider lists no instance {ident}, yet the box answered: instance_id is wrong (a typo or a stale "
+            "id) and the box may still be billing; nothing was stopped"
+        )
+    named = f"instance {ident}" if ident else "the instance"
+    return (
+        f"the provider says {named} is already {poll.label}, yet the box answered moments ago: instance_id names "
+        f"another instance (a stale or wrong id) and the box may still be billing; nothing was stopped"
+    )
+
+
 def meter_stop(
     plan: Plan,
     check_mode: bool,
     runner: Runner = subprocess_runner,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    *,
+    box_answered: bool = False,
+    stopped_states: Sequence[str] = (),
 ) -> Tuple[bool, Dict[str, Any]]:
-    """Stop the meter per ``plan``: (changed, result). Raises MeterStopError (with the result) when it did not stop."""
+    """Stop the meter per ``plan``: (changed, result). Raises MeterStopError (with the result) when it did not stop.
+
+    ``box_answered``: the box answered moments ago, so it runs; a first poll that finds it gone, in a final state or
+    in one of ``stopped_states`` is a stale id, refused before anything runs."""
     verb, status = plan.verb, plan.verb.status
     if verb.command is None or status is None:  # plan_for made sure
         raise ValueError(f"meter_stop_verbs.{verb.name} has no command and status to run")
@@ -316,6 +359,11 @@ def meter_stop(
         return True, dict(progress.result(msg), would_run=list(verb.command))
     first_poll = poll_status(plan, runner)
     progress.record(first_poll)
+    stopped = first_poll.final or first_poll.gone or first_poll.label in stopped_states
+    if box_answered and stopped and first_poll.label != UNKNOWN:
+        progress.stale_id = True
+        msg = _stale_id(plan, first_poll)
+        raise MeterStopError(msg, progress.result(msg))
     if first_poll.final or first_poll.gone:
         progress.already = True
         return False, progress.result(f"the instance is already {_done_word(progress)}: {shown(verb.command)} not run")

@@ -25,7 +25,7 @@ SURVIVABLE = ("data_dir", "durable_dir")
 DESTRUCTIVE_WORDS = frozenset({"delete", "destroy", "terminate", "remove", "rm", "release"})
 COMMAND_KEYS = ("command", "status", "final_states", "survives", "irreversible", "cli_check")
 MANUAL_KEYS = ("manual_steps", "survives", "irreversible")
-STATUS_KEYS = ("command", "state_key", "list", "id_key", "id")
+STATUS_KEYS = ("command", "state_key", "list", "id_key", "id", "intended_key")
 CLI_CHECK_KEYS = ("command", "pattern", "need")
 _KEY_SEGMENT = re.compile(r"[^.\s]+")
 
@@ -34,13 +34,16 @@ _KEY_SEGMENT = re.compile(r"[^.\s]+")
 class Status:
     """How a verb's status is read: ``command`` prints JSON; with ``list_path`` set, the instances are listed at that
     dotted path ("" for the whole output) and the one whose ``id_key`` equals ``instance_id`` is read (absent from
-    the list: gone); else the output is the instance itself. ``state_key`` is a dotted path to its state."""
+    the list: gone); else the output is the instance itself. ``state_key`` is a dotted path to its state;
+    ``intended_key`` (optional, "" for none) to the state its owner asked for (Vast.ai's intended_status), which
+    tells a stop of the provider's own from one asked for."""
 
     command: Tuple[str, ...]
     state_key: str
     list_path: Optional[str] = None
     id_key: str = "id"
     instance_id: str = ""
+    intended_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -147,12 +150,14 @@ def _status(value: Any, where: str) -> Status:
     id_key = spec.get("id_key", "id")
     if not isinstance(id_key, str) or not id_key.strip():
         raise ValueError(f"{where}.id_key must be the key holding each listed instance's id, got {id_key!r}")
+    intended = "" if "intended_key" not in spec else _dotted(spec["intended_key"], f"{where}.intended_key")
     return Status(
         command=_argv(spec["command"], f"{where}.command"),
         state_key=_dotted(spec["state_key"], f"{where}.state_key"),
         list_path=list_path,
         id_key=id_key,
         instance_id=instance_id,
+        intended_key=intended,
     )
 
 

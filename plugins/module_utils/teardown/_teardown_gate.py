@@ -14,8 +14,10 @@ Per run, in order, stopping at the run's first failed step:
 A run teardown already removed (its tombstone ``<data_dir>/runs/.torn_down/<run>.json``, no run directory), or
 whose removal did not finish (tombstone state ``removing``), is checked against its manifest alone. With
 ``instance`` (the meter stops) the box is judged too (``_teardown_instance``): its own id (``instance_id``), every
-other run on it (``other_runs``) and, for an irreversible verb, whether durable_dir shares data_dir's filesystem
-(``same_filesystem``). Read-only. Pure standard library.
+other run on it in every data dir of the box (``other_runs``; a finished or archived one loses nothing by a verb
+that keeps both directories, ``survives``), every process that uses a GPU outside every run (``gpu_users``) and,
+for an irreversible verb, whether durable_dir shares data_dir's filesystem (``same_filesystem``). Read-only.
+Pure standard library.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import hashlib
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.box._box_since import box_started_at
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._deadline import run_with_deadline
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.instance._ledger import cost_basis
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _run_detach as detach
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._run_state import (
     OnDisk,
@@ -50,20 +52,23 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs im
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runspec import RunSpec, load_spec
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _copy_verify as copies
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _teardown_box as whole
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _teardown_hold as holding
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _teardown_instance as box
 
 MAX_MANIFEST_LINES = 100_000
 MAX_EXTRA_LISTED = 1000
 DATA_DIR_TIMEOUT_S = 20.0
-STEPS = ("instance_id", "run_alive", "cells", "durable", "other_runs", "same_filesystem")
+STEPS = ("box_lease", "instance_id", "run_alive", "cells", "durable", "other_runs", "gpu_users", "same_filesystem")
 
 
 def parse_manifest(text: str) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
-    """``{path: {size, sha256}}`` from ``MANIFEST.sha256`` text, and the lines that are not a valid entry."""
+    """``{path: {size, sha256}}`` from ``MANIFEST.sha256`` text, and the lines that are not a valid entry. A line
+    starting with ``#`` is a comment (a known-bad mark: ``_copy_verify.known_bad``), neither."""
     entries: Dict[str, Dict[str, Any]] = {}
     bad: List[str] = []
     for line in text.splitlines()[:MAX_MANIFEST_LINES]:
-        if not line.strip():
+        if not line.strip() or line.startswith("#"):
             continue
         fields = line.split("  ", 2)
         try:
@@ -215,8 +220,11 @@ class Gate:
                         status=parsed.status, sync=parsed.sync, done=parsed.counts_as_done(declares.get(name, True))
                     )
                     self.recorded[name] = parsed.artifacts
+                    said = str(data.get("reason") or "")[:120]  # a stop on purpose says who stopped it, and when
                     why = (
-                        f"{parsed.status}, exit {parsed.exit_code}"
+                        said
+                        if parsed.status != "succeeded" and said.startswith("stopped by ")
+                        else f"{parsed.status}, exit {parsed.exit_code}"
                         if parsed.status != "succeeded"
                         else f"sync {parsed.sync}"
                     )
@@ -288,6 +296,7 @@ class Gate:
             "sha256": listing["manifest_sha256"],
             "lines": len(manifest),
             "bad_lines": bad_lines[:5],
+            "known_bad": copies.known_bad(listing["manifest_text"])[: copies.MAX_REPORTED],
         }
         if from_manifest:
             expected = [{"path": path, **entry} for path, entry in sorted(manifest.items())]
@@ -376,6 +385,9 @@ def _checked(params: Mapping[str, Any]) -> Dict[str, Any]:
     for path in extra:
         if not isinstance(path, str) or not os.path.isabs(path):
             raise ValueError(f"scratch_extra_paths: each entry must be an absolute path, not {path!r}")
+    for kept in params.get("survives") or []:
+        if kept not in whole.SURVIVABLE:
+            raise ValueError(f"survives: each entry must be data_dir or durable_dir, not {kept!r}")
     runs, abandon = _names(params, "runs"), _names(params, "abandon_runs")
     both = sorted(set(runs) & set(abandon))
     if both:
@@ -389,19 +401,40 @@ def _listing(data_dir: str) -> List[str]:
     return list_runs(data_dir)
 
 
-def teardown_gate(params: Mapping[str, Any], environ_path: str = "", proc: str = "/proc") -> Dict[str, Any]:
+def teardown_gate(
+    params: Mapping[str, Any], environ_path: str = "", proc: str = "/proc", check_mode: bool = False
+) -> Dict[str, Any]:
     """The gate's evidence and verdict over ``runs`` (every run on the box when empty) and, with ``instance``,
     the box; ValueError for an option only the layout's rules can judge. ``environ_path``: PID 1's environment.
-    Whatever the verdict, ``instance.box_started_at`` says since when the box bills (read from ``proc``)."""
-    result = _judge(params, environ_path)
-    result["instance"]["box_started_at"] = box_started_at(params["data_dir"], proc=proc)
+    Whatever the verdict, ``instance`` carries the box's cost basis (``box_now``, ``box_started_at``, ``ledger``:
+    ``_ledger.cost_basis``, PID 1 read from ``proc``), read only: the gate records no ledger.
+
+    With ``hold_box`` (``{token, ttl_s}``; never in ``check_mode``) the box is taken for this teardown before it is
+    judged (another stage holding it refuses at ``box_lease``) and held for ``ttl_s`` more once judged: ``lease``."""
+    _checked(params)
+    hold = None if check_mode else params.get("hold_box")
+    lease: Optional[Dict[str, Any]] = None
+    other: Optional[Dict[str, Any]] = None
+    note: Optional[str] = None
+    if hold:
+        token, ttl_s = holding.checked(hold.get("token"), hold.get("ttl_s"), "hold_box")
+        lease, other, note = holding.hold(token, ttl_s)
+    result = _judge(params, environ_path, holding.held_by(other) if other else None)
+    if lease is not None:
+        lease, other, _note = holding.hold(token, ttl_s)  # its ttl counts from now, the judgement done
+        if other is not None:
+            result.update(passed=False, step="box_lease", reason=holding.held_by(other))
+    result.update(lease=lease, held_by=other)
+    result["notes"] += [note] if note else []
+    result["instance"].update(cost_basis([params["data_dir"]], write=False, proc=proc))
     return result
 
 
-def _judge(params: Mapping[str, Any], environ_path: str) -> Dict[str, Any]:
+def _judge(params: Mapping[str, Any], environ_path: str, held: Optional[str] = None) -> Dict[str, Any]:
     checked = _checked(params)
     runs, abandon, data_dir = checked["runs"], checked["abandon"], params["data_dir"]
     instance: Dict[str, Any] = {"runs_on_box": [], "other_runs": [], "live_marker_pids": [], "id_checked": False}
+    instance.update(data_dirs=[], gpu_users=[], gpu_users_unreadable=0)
     instance.update(dict.fromkeys(("id_expected", "id_found", "id_source", "same_device", "data_dev", "durable_dev")))
     result: Dict[str, Any] = {"passed": False, "step": None, "reason": "", "runs": [], "instance": instance}
     result["notes"] = notes = []
@@ -410,6 +443,8 @@ def _judge(params: Mapping[str, Any], environ_path: str) -> Dict[str, Any]:
         result.update(passed=False, step=step, reason=reason)
         return result
 
+    if held:
+        return refuse("box_lease", held)
     if params.get("instance_id"):
         facts, refusal, note = box.check_instance_id(
             params["instance_id"], params.get("instance_id_env") or [], environ_path
@@ -439,8 +474,9 @@ def _judge(params: Mapping[str, Any], environ_path: str) -> Dict[str, Any]:
         instance.update(facts)
         failures += more
         notes += more_notes
-    elif abandon:
-        notes.append("abandon_runs has no effect without instance (no meter-stop)")
+    else:
+        idle = [key for key in ("abandon_runs", "abandon_gpu_users") if params.get(key)]
+        notes += [f"{key} has no effect without instance (no meter-stop)" for key in idle]
     if failures:
         return refuse(*min(failures, key=lambda failure: STEPS.index(failure[0])))
     result.update(passed=True, step=None, reason="")

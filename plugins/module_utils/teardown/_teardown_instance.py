@@ -18,18 +18,18 @@ import stat
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.common._deadline import run_with_deadline
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.instance._gpu_users import GPU_DEVICE, gpu_users
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout import _archive_durable as archived_durable
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._run_state import OnDisk, read_json_quietly
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import (
     MANIFEST_NAME,
     NAME_PATTERN,
-    RUN_MARKER,
     durable_run_dir,
     list_archived,
     run_dir,
-    runs_root,
     tombstone_path,
 )
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._procfs import read_stat
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _teardown_box as whole
 
 # Containers keep the platform's variables in PID 1's environment; an sshd session often does not inherit them.
 PID1_ENVIRON = "/proc/1/environ"
@@ -92,34 +92,6 @@ def check_instance_id(
     return facts, None, note + (f"; {unreadable}" if unreadable else "")
 
 
-def marker_processes(data_dir: str) -> List[Dict[str, Any]]:
-    """Live processes whose environment carries ``RGT_RUN_DIR=<data_dir>/runs/<run>``, each with that run's name
-    (the path as given and as resolved: a runner may have been started through a link)."""
-    roots = {os.path.normpath(runs_root(data_dir)), os.path.realpath(runs_root(data_dir))}
-    prefixes = [f"\0{RUN_MARKER}={root}/".encode() for root in sorted(roots)]
-    own = os.getpid()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == own:
-            continue
-        proc = read_stat(int(name))
-        if proc is None or proc.state == "Z":
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as handle:
-                data = b"\0" + handle.read(MAX_ENVIRON_BYTES) + b"\0"
-        except OSError:
-            continue  # gone, or another user's process: its marker cannot be read
-        for prefix in prefixes:
-            start = data.find(prefix)
-            if start >= 0:
-                end = data.index(b"\0", start + len(prefix))
-                value = data[start + len(prefix) : end].decode("utf-8", "replace")
-                found.append({"pid": proc.pid, "run": value.split("/", 1)[0]})
-                break
-    return sorted(found, key=lambda entry: entry["pid"])
-
-
 def _scratch_size(path: str) -> Tuple[int, int]:
     """(cell directories, bytes) of a run's scratch, never following a link; bounded by MAX_WALKED entries."""
     cells_dir = os.path.join(path, "cells")
@@ -146,7 +118,8 @@ def _scratch_size(path: str) -> Tuple[int, int]:
 def _manifest_lines(path: str) -> int:
     try:
         with open(path, "rb") as handle:
-            return sum(1 for line in handle.read(64 * 1024 * 1024).splitlines() if line.strip())
+            # A "#" line is a comment (a known-bad mark), not a file.
+            return sum(1 for line in handle.read(64 * 1024 * 1024).splitlines() if line.strip() and line[:1] != b"#")
     except OSError:
         return 0
 
@@ -182,6 +155,7 @@ STATE_WORDS = {
     "unknown": "it has no readable run.json",
     "absent": "only its processes are left",
     "torn_down": "torn down",
+    "archived": "archived",
 }
 
 
@@ -213,9 +187,9 @@ def other_runs(
     names: Sequence[str],
     markers: Sequence[Dict[str, Any]],
     abandon: Sequence[str],
-) -> Tuple[List[Dict[str, Any]], List[str]]:
-    """Each other run's entry (``name, state, torn_down, abandoned, would_lose, pids``) and one refusal line for each
-    that is neither torn down nor abandoned. ``names`` are the other runs on the box; a marker naming a run beyond
+) -> List[Dict[str, Any]]:
+    """Each other run's entry in ``data_dir`` (``name, state, torn_down, abandoned, would_lose, pids``, and
+    ``problem`` when its survey did not answer). ``names`` are the other runs there; a marker naming a run beyond
     them (its directory gone, its process not) is one too."""
     by_run: Dict[str, List[int]] = {}
     for proc in markers:
@@ -224,7 +198,6 @@ def other_runs(
     probes = {run: functools.partial(survey_run, data_dir, durable_dir, run) for run in runs}
     answers = run_with_deadline(probes, PROBE_TIMEOUT_S) if probes else {}
     entries: List[Dict[str, Any]] = []
-    refusals: List[str] = []
     for run in runs:
         answer = answers[run]
         entry = answer.get("value") or {"name": run, "state": "unknown", "cells": 0, "bytes": 0, "durable_files": 0}
@@ -235,47 +208,62 @@ def other_runs(
             entry["state"] = "running"
         entry.update(torn_down=entry["state"] == "torn_down", abandoned=run in abandon, would_lose=would_lose(entry))
         entries.append(entry)
-        if not entry["torn_down"] and not entry["abandoned"]:
-            why = entry.get("problem") or STATE_WORDS[entry["state"]]
-            refusals.append(f"run {run}: {why}, would lose {entry['would_lose']}")
-    return entries, refusals
+    return entries
 
 
-def _label(entry: Mapping[str, Any]) -> str:
-    return f"{entry['name']} (as .archive/{entry['archived']})" if entry.get("archived") else entry["name"]
+def _label(entry: Mapping[str, Any], elsewhere: bool = False) -> str:
+    """``r2``, ``r2 in /root/scratch`` (a data dir not the host's), ``r2 (as .archive/r2-...)``."""
+    where = f" in {entry['data_dir']}" if elsewhere else ""
+    archived = f" (as .archive/{entry['archived']})" if entry.get("archived") else ""
+    return f"{entry['name']}{where}{archived}"
 
 
-def survey_archived(data_dir: str, durable_dir: Optional[str]) -> List[Dict[str, Any]]:
-    """Each archived run and what a meter-stop would cost it (run in a child: the archive is on data_dir)."""
+def survey_archived(data_dir: str, durable_dir: Optional[str], rehash: bool = False) -> List[Dict[str, Any]]:
+    """Each archived run and what a meter-stop would cost it (run in a child: the archive is on data_dir): where its
+    scratch lies (``data_dir``, ``scratch_dir``, ``cells``, ``bytes``) and its durable copy where the archive moved it
+    (``durable_dir`` the copy's directory or None, ``durable_moved``, ``durable_files``, ``durable_verified``: every
+    manifest entry there at its size, or also its sha256 with ``rehash``; ``durable_check``, ``durable_problem``).
+    durable_dir is read in children of its own: a hung one is a ``durable_problem``, not a failed survey."""
+    archived_list = list_archived(data_dir)
+    probes = {
+        item.entry: functools.partial(
+            archived_durable.archived_copy, item.path, item.entry, item.run, durable_dir, rehash
+        )
+        for item in archived_list
+    }
+    limit = archived_durable.REHASH_TIMEOUT_S if rehash else archived_durable.DURABLE_TIMEOUT_S
+    copies = run_with_deadline(probes, limit) if probes else {}
     entries = []
-    for archived in list_archived(data_dir):
+    for archived in archived_list:
         entry: Dict[str, Any] = {"name": archived.run, "state": "archived", "archived": archived.entry}
         linked = os.path.islink(archived.path)  # an archived link: its target is not the archive's to count
         entry["cells"], entry["bytes"] = (0, 0) if linked else _scratch_size(archived.path)
-        manifest = os.path.join(durable_run_dir(durable_dir, archived.run), MANIFEST_NAME) if durable_dir else ""
-        entry["durable_files"] = _manifest_lines(manifest) if manifest else 0
+        entry.update(data_dir=data_dir, scratch_dir=archived.path)
+        answer = copies[archived.entry]
+        why = answer.get("error") or f"durable_dir did not answer within {limit:g} s (a hung mount?)"
+        unknown = {"durable_dir": None, "durable_moved": None, "durable_files": 0, "durable_verified": None}
+        entry.update(answer.get("value") or dict(unknown, durable_check=None, durable_problem=why))
         entries.append(entry)
     return entries
 
 
 def archived_runs(
     data_dir: str, durable_dir: Optional[str], abandon: Sequence[str]
-) -> Tuple[List[Dict[str, Any]], List[str]]:
+) -> Tuple[List[Dict[str, Any]], Optional[str]]:
     """Like :func:`other_runs` for the archived runs: whether the run is torn down by this teardown or not, its
-    archived copy stays until the meter-stop. ``abandon_runs`` takes the run's name or the archive entry's."""
+    archived copy stays until the meter-stop. ``abandon_runs`` takes the run's name or the archive entry's. The
+    problem when the archive could not be read in time."""
     answer = run_with_deadline({"archive": functools.partial(survey_archived, data_dir, durable_dir)}, PROBE_TIMEOUT_S)
     if "value" not in answer["archive"]:
         why = answer["archive"].get("error") or f"did not answer within {PROBE_TIMEOUT_S:g} s (a hung mount?)"
-        return [], [f"archived runs under {data_dir}: {why}"]
-    entries, refusals = [], []
+        return [], f"archived runs under {data_dir}: {why}"
+    entries = []
     for entry in answer["archive"]["value"]:
         abandoned = entry["name"] in abandon or entry["archived"] in abandon
         entry.update(pids=[], torn_down=False, abandoned=abandoned)
         entry["would_lose"] = would_lose(entry)
         entries.append(entry)
-        if not abandoned:
-            refusals.append(f"run {_label(entry)}: archived, would lose {entry['would_lose']}")
-    return entries, refusals
+    return entries, None
 
 
 def _device_of(path: str) -> Dict[str, Any]:
@@ -301,24 +289,76 @@ def devices(data_dir: str, durable_dir: str) -> Dict[str, Any]:
     }
 
 
+def _runs_of_box(
+    params: Mapping[str, Any], runs: Sequence[str], on_box: Sequence[str], abandon: Sequence[str]
+) -> Tuple[Dict[str, Any], List[str], List[str]]:
+    """Every run of every data dir of the box but ``runs`` (the host's, torn down now): facts, refusal lines (a run
+    neither torn down, abandoned nor kept by the stop: ``survives`` names both data_dir and durable_dir and the run,
+    finished or archived, lies on their filesystems) and notes."""
+    data_dir, durable_dir = os.path.normpath(params["data_dir"]), params.get("durable_dir") or None
+    dirs, notes, unlisted = whole.data_dirs(data_dir, durable_dir)
+    refusals = [unlisted] if unlisted else []
+    reals = {entry["path"]: entry["real"] for entry in dirs}
+    markers = [
+        proc
+        for proc in whole.marker_processes([entry["path"] for entry in dirs], reals)
+        if not (proc["data_dir"] == data_dir and proc["run"] in runs)
+    ]
+    entries: List[Dict[str, Any]] = []
+    for place in dirs:
+        path, host = place["path"], place["path"] == data_dir
+        names = [name for name in (on_box if host else place["runs"]) if not (host and name in runs)]
+        mine = [proc for proc in markers if proc["data_dir"] == path]
+        found = other_runs(path, place["durable_dir"], names, mine, abandon)
+        archived, problem = archived_runs(path, place["durable_dir"], abandon)
+        refusals += [problem] if problem else []
+        for entry in found + archived:
+            entry["data_dir"] = path
+            entry["label"] = _label(entry, not host)
+        entries += found + archived
+    survives = list(params.get("survives") or [])
+    kept = whole.kept_dirs(data_dir, durable_dir, dirs, _device_of) if whole.keeps_disk(survives) else {}
+    for entry in entries:
+        over = entry["state"] in ("finished", "archived") and not entry["pids"] and not entry.get("problem")
+        entry["kept"] = bool(over and kept.get(entry["data_dir"]))
+        if entry["kept"]:
+            entry["would_lose"] = "nothing: the meter-stop keeps its disk"
+            state = STATE_WORDS[entry["state"]]
+            notes.append(
+                f"run {entry['label']} is {state}: the meter-stop keeps data_dir and durable_dir, so it loses nothing "
+                "of it"
+            )
+        elif entry["abandoned"]:
+            notes.append(f"run {entry['label']} is abandoned: it loses {entry['would_lose']}")
+        elif not entry["torn_down"]:
+            why = entry.get("problem") or STATE_WORDS[entry["state"]]
+            refusals.append(f"run {entry['label']}: {why}, would lose {entry['would_lose']}")
+    seen = {entry["name"] for entry in entries} | {entry["archived"] for entry in entries if entry.get("archived")}
+    notes += [f"abandon_runs names {name}, which is not on the box" for name in abandon if name not in seen]
+    facts = {
+        "data_dirs": [entry["path"] for entry in dirs],
+        "other_runs": entries,
+        "live_marker_pids": [proc["pid"] for proc in markers],
+    }
+    return facts, refusals, notes
+
+
 def judge_instance(
     params: Mapping[str, Any], runs: Sequence[str], on_box: Sequence[str], abandon: Sequence[str]
 ) -> Tuple[Dict[str, Any], List[Tuple[str, str]], List[str]]:
-    """The instance facts, the failures (step, reason) of ``other_runs`` and ``same_filesystem``, and notes."""
+    """The instance facts, the failures (step, reason) of ``other_runs``, ``gpu_users`` and ``same_filesystem``, and
+    notes."""
     data_dir, durable_dir = params["data_dir"], params.get("durable_dir") or None
-    facts: Dict[str, Any] = {}
     failures: List[Tuple[str, str]] = []
-    markers = [proc for proc in marker_processes(data_dir) if proc["run"] not in runs]
-    others = [name for name in on_box if name not in runs]
-    entries, refusals = other_runs(data_dir, durable_dir, others, markers, abandon)
-    archived, archived_refusals = archived_runs(data_dir, durable_dir, abandon)
-    entries, refusals = entries + archived, refusals + archived_refusals
-    seen = {entry["name"] for entry in entries} | {entry["archived"] for entry in archived}
-    notes = [f"abandon_runs names {name}, which is not on the box" for name in abandon if name not in seen]
-    facts.update(other_runs=entries, live_marker_pids=[proc["pid"] for proc in markers])
-    notes += [f"run {_label(e)} is abandoned: it loses {e['would_lose']}" for e in entries if e["abandoned"]]
+    facts, refusals, notes = _runs_of_box(params, runs, on_box, abandon)
     if refusals:
         failures.append(("other_runs", f"{'; '.join(refusals)} (tear it down too, or name it in abandon_runs)"))
+    users, unreadable = gpu_users(pattern=GPU_DEVICE)
+    gpu_facts, refusal, gpu_notes = whole.gpu_step(users, unreadable, bool(params.get("abandon_gpu_users")))
+    facts.update(gpu_facts)
+    notes += gpu_notes
+    if refusal:
+        failures.append(("gpu_users", refusal))
     if durable_dir is None:
         if params.get("irreversible"):
             notes.append("no durable_dir: same_filesystem not checked")

@@ -3,6 +3,7 @@ every outcome (an answer, a failed call, garbage, an unreachable box) one record
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 from typing import Any, Dict, List, Optional
 from unittest.mock import MagicMock
@@ -92,7 +93,11 @@ def test_a_wrong_type_names_the_role_variable() -> None:
 def test_an_unreachable_box_is_an_unreachable_record() -> None:
     record = patrol({"data_dir": "/data"}, answer=AnsibleConnectionFailure("ssh: connect to host 10.0.0.9: timed out"))
     assert (record["status"], record["reachable"], record["escalate"]) == ("UNREACHABLE", False, False)
-    assert record["line"] == "b1  UNREACHABLE  ssh: connect to host 10.0.0.9: timed out"
+    assert record["line"] == (
+        "b1  UNREACHABLE  ssh: connect to host 10.0.0.9: timed out; the provider was not asked: no status command to "
+        "ask it with (meter_stop_verb is none)"
+    )
+    assert record["box_state"] == "UNREACHABLE"
 
 
 def test_a_failed_call_names_the_python_and_the_error() -> None:
@@ -140,7 +145,7 @@ def test_an_idle_box_escalates_idle_billing_once_across_two_ticks(tmp_path) -> N
     assert (first["status"], first["escalate"], first["problems"]) == ("DONE", True, ["idle_billing"])
     assert first["reasons"][0].startswith("idle_billing: no live run for 2 h 10 min (runs alpha DONE); burning $2.00/h")
     assert first["cost"]["hourly_usd"] == 2.0 and first["idle_billing"]["hourly_usd"] == 2.0
-    assert first["line"].endswith("| $4.34 so far at $2.00/h  ESCALATED -> teardown")
+    assert re.search(r"\| \$4\.34 so far since \d\d-\d\d \d\d:\d\d at \$2\.00/h  ESCALATED -> teardown$", first["line"])
     second = patrol({"data_dir": "/data"}, {"hourly_usd": 2}, facts)
     sent = [notify([record], options, str(tmp_path), "2026-12-04T03:00:00Z", False) for record in (first, second)]
     assert sum(text.startswith("not sent") and "new: idle_billing" in text for text in sent[0]) == 1
@@ -177,4 +182,5 @@ def test_a_bad_hourly_usd_is_a_warning_on_the_line_and_patrol_still_reports() ->
 
 def test_an_unreachable_box_still_shows_what_it_costs_per_hour() -> None:
     record = patrol({"data_dir": "/data"}, {"hourly_usd": 1.5}, AnsibleConnectionFailure("ssh: timed out"))
-    assert record["line"] == "b1  UNREACHABLE  ssh: timed out | $1.50/h"
+    assert record["line"].startswith("b1  UNREACHABLE  ssh: timed out; the provider was not asked: ")
+    assert record["line"].endswith(" | $1.50/h")

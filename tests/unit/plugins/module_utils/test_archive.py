@@ -4,6 +4,7 @@ never deleted, never while anything of it runs. Real directories, real processes
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import subprocess
@@ -15,13 +16,15 @@ from typing import Any, Dict, Iterator, Tuple
 
 import pytest
 
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout import _archive
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch._launch_attempt import AttemptRefused, plan
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout import _archive, _archive_durable
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._archive import ArchiveRefused, archive_runs
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import (
     ARCHIVED_PATTERN,
     list_archived,
     list_runs,
 )
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_sync import claim_durable, update_manifest
 
 DEAD_PID = 2**22 + 7
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc).timestamp()
@@ -102,6 +105,7 @@ def test_a_finished_run_is_renamed_whole_and_nothing_is_deleted(data):
         "to": str(target),
         "archived_at": "2026-12-01T12:00:00Z",
         "reason": "results pulled by hand",
+        "durable": {"state": "no_durable_dir", "dir": None, "from": None, "to": None},
     }
     assert (data / "runs" / "beta").is_dir()
 
@@ -225,3 +229,152 @@ def test_a_hung_data_dir_fails_within_the_deadline(data, monkeypatch):
     with pytest.raises(ArchiveRefused, match=r"did not answer within 0\.5 s \(a hung mount\?\)"):
         archive_runs({"data_dir": str(data), "run": "alpha", "timeout_s": 0.5}, False)
     assert time.monotonic() - started < 10
+
+
+# --- the durable copy moves with the run (issue 29, item 5) ---------------------------------------------------------
+
+
+def with_durable(data: Path, name: str, launch_id: str = "L1") -> Path:
+    """Give the run a durable_dir and launch id in its run.json, and that launch's verified durable copy."""
+    durable = data.parent / "durable"
+    record = json.loads((data / "runs" / name / "run.json").read_text())
+    record.update(durable_dir=str(durable), launch_id=launch_id)
+    (data / "runs" / name / "run.json").write_text(json.dumps(record))
+    copy = durable / "runs" / name
+    (copy / "cells" / "a").mkdir(parents=True)
+    weights = os.urandom(4096)
+    (copy / "cells" / "a" / "best.pth").write_bytes(weights)
+    digest = hashlib.sha256(weights).hexdigest()
+    (copy / "MANIFEST.sha256").write_text(f"{digest}  4096  cells/a/best.pth\n")
+    (copy / ".launch.json").write_text(json.dumps({"run": name, "launch_id": launch_id}))
+    return durable
+
+
+def test_the_durable_copy_moves_with_the_run_out_of_reach_of_a_new_run_of_its_name(data):
+    durable = with_durable(data, "alpha")
+    before = snapshot(durable / "runs" / "alpha")
+    result = archive(data, "alpha")
+    (entry,) = result["runs"]
+    moved = durable / "runs" / ".archive" / f"alpha-{STAMP}"
+    expected = {"state": "moved", "dir": str(durable), "from": str(durable / "runs" / "alpha"), "to": str(moved)}
+    assert entry["state"] == "archived" and entry["durable"] == expected
+    assert result["msg"] == f"archive: alpha -> .archive/alpha-{STAMP} (durable copy -> {moved}); nothing deleted"
+    assert not (durable / "runs" / "alpha").exists() and snapshot(moved) == before  # a rename: same inodes, bytes
+    assert json.loads(Path(entry["record"]).read_text())["durable"] == expected
+    # A new launch of the name starts afresh (no refusal) and its sync cannot touch the archived copy.
+    assert plan("alpha", str(data), str(durable), launch_id="L2", has_scratch=False, new_attempt=False).archives == ()
+    fresh = str(durable / "runs" / "alpha")
+    claim_durable(fresh, "alpha", "L2")
+    update_manifest(fresh, "a", [{"path": "best.pth", "size": 1, "sha256": "0" * 64}])
+    assert snapshot(moved) == before
+    # Archiving again changes nothing and says where the copy is.
+    again = archive(data, "alpha")
+    assert again["changed"] is False and again["runs"][0]["durable"] == expected
+
+
+def test_a_durable_copy_of_another_launch_or_none_is_left_and_said(data):
+    durable = with_durable(data, "alpha", launch_id="L1")
+    record = json.loads((data / "runs" / "alpha" / "run.json").read_text())
+    (data / "runs" / "alpha" / "run.json").write_text(json.dumps(dict(record, launch_id="L0")))
+    record = json.loads((data / "runs" / "beta" / "run.json").read_text())
+    (data / "runs" / "beta" / "run.json").write_text(json.dumps(dict(record, durable_dir=str(durable))))
+    result = archive(data, ["alpha", "beta"], check_mode=True)
+    assert [entry["durable"]["state"] for entry in result["runs"]] == ["other_launch", "none"]
+    assert result["runs"][0]["durable"]["to"] is None
+    result = archive(data, ["alpha", "beta"])
+    assert [entry["durable"]["state"] for entry in result["runs"]] == ["other_launch", "none"]
+    assert (durable / "runs" / "alpha" / "MANIFEST.sha256").exists()  # another launch's: not this run's to move
+
+
+def test_check_mode_says_where_the_durable_copy_would_go(data):
+    durable = with_durable(data, "alpha")
+    before = snapshot(durable)
+    result = archive(data, "alpha", check_mode=True)
+    moved = durable / "runs" / ".archive" / f"alpha-{STAMP}"
+    assert result["runs"][0]["durable"]["state"] == "would_move"
+    assert result["msg"] == f"archive: alpha would move to .archive/alpha-{STAMP} (durable copy to {moved})"
+    assert snapshot(durable) == before
+
+
+@pytest.mark.parametrize("obstacle", ["name_taken", "archive_is_a_file", "another_filesystem", "launch_unreadable"])
+def test_a_durable_copy_that_cannot_move_refuses_in_one_line_and_nothing_moves(data, monkeypatch, obstacle):
+    durable = with_durable(data, "alpha")
+    root = durable / "runs" / ".archive"
+    if obstacle == "name_taken":
+        (root / f"alpha-{STAMP}").mkdir(parents=True)
+        why = f"{root / f'alpha-{STAMP}'} exists already (the name is taken)"
+    elif obstacle == "archive_is_a_file":
+        root.write_text("")
+        why = f"{root} is not a directory (a link or a file)"
+    elif obstacle == "launch_unreadable":
+        (durable / "runs" / "alpha" / ".launch.json").write_text("{no json")
+        why = f"{durable / 'runs' / 'alpha'} has an unreadable .launch.json ("
+    else:
+        real = os.lstat
+        source = str(durable / "runs" / "alpha")
+
+        def lstat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+            found = real(path, *args, **kwargs)
+            if str(path) != source:
+                return found
+            fields = list(found)
+            fields[2] += 1  # st_dev: a volume mounted there
+            return os.stat_result(fields)
+
+        monkeypatch.setattr(_archive_durable.os, "lstat", lstat)
+        why = f"{source} is on another filesystem than {durable / 'runs'}: a rename cannot move it"
+    before = snapshot(data.parent)
+    with pytest.raises(ArchiveRefused) as refused:
+        archive(data, ["beta", "alpha"])
+    message = str(refused.value)
+    assert f"run alpha: {why}" in message and message.endswith("; nothing moved") and "\n" not in message
+    assert [entry["state"] for entry in refused.value.facts["runs"]] == ["not_moved", "refused"]
+    after = snapshot(data.parent)
+    assert {key: value for key, value in after.items() if key != "data/runs/.launch.lock"} == before
+
+
+def test_a_hung_durable_dir_refuses_within_its_deadline(data, monkeypatch):
+    with_durable(data, "alpha")
+    monkeypatch.setattr(_archive_durable, "DURABLE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(_archive_durable, "_look", lambda *args: time.sleep(30))
+    started = time.monotonic()
+    with pytest.raises(ArchiveRefused, match=r"run alpha: durable_dir .* did not answer within 0\.5 s \(a hung mount"):
+        archive(data, "alpha")
+    assert time.monotonic() - started < 10 and (data / "runs" / "alpha").is_dir()
+
+
+def test_the_durable_copy_moves_first_and_back_when_the_scratch_cannot_move(data, monkeypatch):
+    durable = with_durable(data, "alpha")
+    before = snapshot(data.parent)
+    real = os.rename
+    scratch = str(data / "runs" / "alpha")
+
+    def rename(source: str, target: str) -> None:
+        if source == scratch:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(source, target)
+
+    monkeypatch.setattr(_archive.os, "rename", rename)
+    with pytest.raises(ArchiveRefused) as refused:
+        archive(data, "alpha")
+    assert "its durable copy moved back" in str(refused.value)
+    after = snapshot(data.parent)
+    # Everything where it was; the empty .archive directories made for the moves stay.
+    kept = ("data/runs/.launch.lock", "data/runs/.archive", "durable/runs/.archive")
+    assert {key: value for key, value in after.items() if key not in kept} == before
+    assert (durable / "runs" / "alpha" / "MANIFEST.sha256").exists()
+
+
+def test_a_sharded_launchs_copy_holding_other_boxes_cells_stays_and_a_new_run_cannot_overwrite_it(data):
+    durable = with_durable(data, "alpha")
+    (durable / "runs" / "alpha" / "cells" / "peer").mkdir()  # another box's shard of launch L1
+    before = snapshot(durable)
+    result = archive(data, "alpha")
+    (entry,) = result["runs"]
+    assert entry["state"] == "archived" and (entry["durable"]["state"], entry["durable"]["to"]) == ("shared", None)
+    assert result["msg"].endswith("left: it holds other boxes' cells of the launch); nothing deleted")
+    assert snapshot(durable) == before
+    # Left in place, it is out of a new run's reach: a launch that would write its cell a is refused, no join offered.
+    with pytest.raises(AttemptRefused) as refused:
+        plan("alpha", str(data), str(durable), launch_id="L2", has_scratch=False, new_attempt=False, cells=["a"])
+    assert "launch_id: L1" not in str(refused.value) and "would overwrite its cell a" in str(refused.value)

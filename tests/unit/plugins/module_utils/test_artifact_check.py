@@ -156,13 +156,17 @@ def test_the_verifier_checks_what_applies_to_each_artifact(tmp_path):
         "path": "model.safetensors",
         "ok": False,
         "message": "tensor 'w' (F32) holds NaN at element 1",
+        "bad": "non-finite",  # what the manifest marks it as
     }
+    lying = write(tmp_path, b"\xff" * 8, "lying.safetensors")
+    assert finite_only.check("lying.safetensors", lying)["bad"] == "not-safetensors"
     both = Verifier((sys.executable, "-c", LOADER), 30, check_finite=True)
     assert both.check("best.pt", best) == {"path": "best.pt", "ok": True, "message": "verify_cmd exited 0"}
     said = both.check("clean.safetensors", clean)
     # Only the last lines: where the traceback starts depends on the Python (3.13 adds the -c source lines).
     assert said is not None and not said["ok"] and said["message"].startswith("verify_cmd exited with 1: ")
     assert said["message"].endswith("| ValueError: not a checkpoint")  # the loader's last lines, one line
+    assert said["bad"] == "verify_cmd" and "bad" not in both.check("best.pt", best)
     assert Verifier().check("best.pt", best) is None
 
 
@@ -192,7 +196,12 @@ def test_the_verify_command_runs_only_on_the_chosen_artifacts_the_finite_check_o
     assert chosen.check("config.json", config) is None  # the loader never sees it
     assert chosen.check("best.pt", best) == {"path": "best.pt", "ok": True, "message": "verify_cmd exited 0"}
     said = chosen.check("model.safetensors", weights)
-    assert said == {"path": "model.safetensors", "ok": False, "message": "tensor 'w' (F32) holds Inf at element 1"}
+    assert said == {
+        "path": "model.safetensors",
+        "ok": False,
+        "message": "tensor 'w' (F32) holds Inf at element 1",
+        "bad": "non-finite",
+    }
     every = Verifier((sys.executable, "-c", LOADER), 30)
     refused = every.check("config.json", config)
     assert refused is not None and not refused["ok"] and refused["message"].endswith("ValueError: not a checkpoint")

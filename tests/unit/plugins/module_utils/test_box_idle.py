@@ -12,7 +12,7 @@ from typing import Any, Dict
 import pytest
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.autostop._autostop_state import hold_watch_lock
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.box import _box_since
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.instance import _ledger
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.patrol import _box_idle
 
 NOW = float(int(time.time()))  # whole seconds: the facts are ISO times to the second
@@ -86,7 +86,7 @@ def test_a_tick_file_that_cannot_be_written_is_a_note(tmp_path):
 
 
 def test_two_runs_one_live_the_box_is_not_idle(tmp_path, live_session, monkeypatch):
-    monkeypatch.setattr(_box_since, "container_started_at", lambda proc="/proc": NOW - 86400)
+    monkeypatch.setattr(_ledger, "container_started_at", lambda proc="/proc": NOW - 86400)
     add_run(tmp_path, "finished", done=True)
     add_run(tmp_path, "training", leader=live_session)
     box = box_of(tmp_path)
@@ -96,12 +96,13 @@ def test_two_runs_one_live_the_box_is_not_idle(tmp_path, live_session, monkeypat
         False,
         None,
     )
-    assert box["since"] == iso(NOW - 600 - 3600)  # the earliest run's started_at
+    assert box["since"] == iso(NOW - 86400)  # the ledger's first_seen: the container's start, before every run
     assert box["container_started_at"] == iso(NOW - 86400) and box["notes"] == []
+    assert box["ledger"]["running_s"] >= 86400 and box["box_now"].endswith("Z")
 
 
 def test_all_done_idles_since_the_newest_activity_of_any_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(_box_since, "container_started_at", lambda proc="/proc": NOW - 86400)
+    monkeypatch.setattr(_ledger, "container_started_at", lambda proc="/proc": NOW - 86400)
     older = add_run(tmp_path, "older", done=True, at=NOW - 7200)
     add_run(tmp_path, "newer", done=True, at=NOW - 3600)
     os.utime(older / "cells" / "a" / "result.json", (NOW - 60, NOW - 60))  # a late re-sync of the older run
@@ -111,33 +112,35 @@ def test_all_done_idles_since_the_newest_activity_of_any_run(tmp_path, monkeypat
 
 
 def test_a_box_restarted_after_its_runs_idles_since_the_container_started(tmp_path, monkeypatch):
-    monkeypatch.setattr(_box_since, "container_started_at", lambda proc="/proc": NOW - 30)
+    monkeypatch.setattr(_ledger, "container_started_at", lambda proc="/proc": NOW - 30)
     add_run(tmp_path, "old", done=True, at=NOW - 7200)
     assert box_of(tmp_path)["idle_since"] == iso(NOW - 30)
 
 
 def test_runs_started_before_the_container_bill_from_the_container_start(tmp_path, monkeypatch):
-    monkeypatch.setattr(_box_since, "container_started_at", lambda proc="/proc": NOW - 30)
+    monkeypatch.setattr(_ledger, "container_started_at", lambda proc="/proc": NOW - 30)
     add_run(tmp_path, "before-a-restart", done=True, at=NOW - 7200)
-    assert box_of(tmp_path)["since"] == iso(NOW - 30)
+    box = box_of(tmp_path)
+    assert box["since"] == iso(NOW - 7200 - 3600)  # first seen with that run; its boot is not billed
+    assert 30 <= box["ledger"]["running_s"] < 600 and box["ledger"]["segments_total"] == 1
 
 
 def test_a_box_without_runs_bills_and_idles_since_the_container_started(tmp_path, monkeypatch):
-    monkeypatch.setattr(_box_since, "container_started_at", lambda proc="/proc": NOW - 30)
+    monkeypatch.setattr(_ledger, "container_started_at", lambda proc="/proc": NOW - 30)
     (tmp_path / "runs").mkdir()
     box = box_of(tmp_path)
     assert (box["since"], box["idle"], box["idle_since"], box["live_runs"]) == (iso(NOW - 30), True, iso(NOW - 30), [])
 
 
 def test_activity_stamped_in_the_future_idles_since_now_at_most(tmp_path, monkeypatch):
-    monkeypatch.setattr(_box_since, "container_started_at", lambda proc="/proc": None)
+    monkeypatch.setattr(_ledger, "container_started_at", lambda proc="/proc": None)
     add_run(tmp_path, "skewed", done=True, at=time.time() + 86400)
     since = datetime.fromisoformat(box_of(tmp_path)["idle_since"]).timestamp()
     assert since <= time.time()
 
 
 def test_a_garbage_run_json_is_a_note_for_a_run_the_runs_probe_did_not_examine(tmp_path, monkeypatch):
-    monkeypatch.setattr(_box_since, "container_started_at", lambda proc="/proc": NOW)
+    monkeypatch.setattr(_ledger, "container_started_at", lambda proc="/proc": NOW)
     (tmp_path / "runs" / "broken").mkdir(parents=True)
     (tmp_path / "runs" / "broken" / "run.json").write_text("{oops")
     assert box_of(tmp_path)["notes"][0].startswith("box: run.json of broken cannot be read")
@@ -296,3 +299,14 @@ def test_a_probe_that_hung_leaves_box_and_autostop_unknown_with_one_note():
     assert notes == [
         "box: reading /data/runs for the box's idle time and autostop did not finish within 2 s (a hung mount?)"
     ]
+
+
+def test_the_probe_records_the_ledger_like_the_tick_never_in_check_mode(tmp_path, instance_dir, monkeypatch):
+    monkeypatch.setattr(_ledger, "container_started_at", lambda proc="/proc": NOW - 7200)
+    (tmp_path / "runs").mkdir()
+    checked = _box_idle.box_probe(str(tmp_path), False, NOW)["box"]
+    assert not (instance_dir / "ledger.json").exists() and not (tmp_path / "runs" / ".instance").exists()
+    real = _box_idle.box_probe(str(tmp_path), True, NOW)["box"]
+    assert checked["ledger"] == real["ledger"] and real["ledger"]["running_s"] == 7200.0
+    assert (real["box_now"], real["since"]) == (iso(NOW), iso(NOW - 7200))
+    assert json.loads((tmp_path / "runs" / ".instance" / "ledger.json").read_text())["first_seen"] == iso(NOW - 7200)

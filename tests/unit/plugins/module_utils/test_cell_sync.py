@@ -19,6 +19,8 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_sy
     sync_cell,
     update_manifest,
 )
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._copy_verify import known_bad
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._teardown_gate import parse_manifest
 
 
 def sha(data: bytes) -> str:
@@ -301,7 +303,9 @@ class Refuse:
     def check(self, relative, path, stopped):
         self.seen.append(path)
         ok = relative != self.bad
-        return {"path": relative, "ok": ok, "message": "loaded" if ok else "RuntimeError: truncated"}
+        if ok:
+            return {"path": relative, "ok": True, "message": "loaded"}
+        return {"path": relative, "ok": False, "message": "RuntimeError: truncated", "bad": "verify_cmd"}
 
 
 def test_an_artifact_its_check_refuses_fails_the_sync_with_the_checks_message(cell, tmp_path):
@@ -312,9 +316,31 @@ def test_an_artifact_its_check_refuses_fails_the_sync_with_the_checks_message(ce
     assert (outcome.sync, outcome.error, outcome.artifacts) == ("failed", "best.pth: RuntimeError: truncated", ())
     assert [(c["path"], c["ok"]) for c in outcome.verify] == [("best.pth", False), ("sub/metrics.json", True)]
     assert "check best.pth: FAILED: RuntimeError: truncated" in outcome.log_lines()
-    assert len(manifest(tmp_path)) == 2  # the copies are faithful: the manifest says what the durable copy holds
+    # The copies are faithful: the manifest says what the durable copy holds, and which of them are known bad.
+    lines = manifest(tmp_path)
+    assert (
+        len(lines) == 3
+        and lines[0].endswith("  cells/a/best.pth")
+        and lines[1] == "# bad  verify_cmd  cells/a/best.pth"
+    )
+    entries, malformed = parse_manifest("\n".join(lines))  # a reader of the entries skips the mark
+    assert list(entries) == ["cells/a/best.pth", "cells/a/sub/metrics.json"] and malformed == []
+    assert known_bad("\n".join(lines)) == [{"path": "cells/a/best.pth", "bad": "verify_cmd"}]
     passed = sync(cell, tmp_path, artifacts=("best.pth",), verifier=Refuse("other"))
     assert (passed.sync, passed.verify) == ("verified", ({"path": "best.pth", "ok": True, "message": "loaded"},))
+    assert known_bad("\n".join(manifest(tmp_path))) == []  # a copy that now passes is no longer marked
+
+
+def test_a_check_cut_short_by_a_stop_marks_nothing_bad(cell, tmp_path):
+    stop = threading.Event()
+
+    class Stopping(Refuse):
+        def check(self, relative, path, stopped):
+            stop.set()  # the run is stopped while this check runs: its failure says nothing of the file
+            return super().check(relative, path, stopped)
+
+    outcome = sync(cell, tmp_path, artifacts=("best.pth",), verifier=Stopping("best.pth"), stopped=stop.is_set)
+    assert outcome.sync == "failed" and known_bad("\n".join(manifest(tmp_path))) == []
 
 
 def test_leftover_temporary_copies_of_the_runs_cells_are_cleared(tmp_path):

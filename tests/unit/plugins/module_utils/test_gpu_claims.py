@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.instance._box_state import register_data_dir
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import Run
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_exec import utc_iso
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._gpu_claims import (
@@ -65,7 +66,7 @@ def write_run(root: Path, name: str, pid: int, cells: list) -> Path:
     return run_dir
 
 
-def test_only_live_other_runs_count(tmp_path):
+def test_only_live_other_runs_count(tmp_path, instance_dir):
     own = write_run(tmp_path, "own", os.getpid(), [{"name": "a", "state": "started", "gpus": [3]}])
     write_run(tmp_path, "live", os.getpid(), [{"name": "a", "state": "started", "gpus": [1]}])
     write_run(tmp_path, "dead", 2**22 + 7, [{"name": "a", "state": "started", "gpus": [2]}])
@@ -76,8 +77,20 @@ def test_only_live_other_runs_count(tmp_path):
     assert claims.held() == {1}
     write_run(tmp_path, "later", os.getpid(), [{"name": "a", "state": "started", "gpus": [0]}])
     assert claims.held() == {1} and claims.held(fresh=True) == {0, 1}  # read again when a slot opened
-    with claims.claiming():
-        assert (tmp_path / "runs" / ".gpu-claims.lock").exists()
+    with claims.claiming():  # one lock for the box, whatever the data dir
+        assert (instance_dir / ".gpu-claims.lock").exists() and not (tmp_path / "runs" / ".gpu-claims.lock").exists()
+
+
+def test_live_runs_of_the_box_s_other_data_dirs_hold_their_gpus_too(tmp_path):
+    # Issue 29 item 1: r2 launched with launch_data_dir=/root/scratch held GPU 1; r1 in /data was given it.
+    data, scratch = tmp_path / "data", tmp_path / "scratch"
+    own = write_run(data, "r1", os.getpid(), [{"name": "a", "state": "pending", "gpus": None}])
+    write_run(scratch, "r2", os.getpid(), [{"name": "a", "state": "started", "gpus": [1]}])
+    write_run(tmp_path / "unknown", "r3", os.getpid(), [{"name": "a", "state": "started", "gpus": [2]}])
+    assert held_by_others(str(data), str(own)) == set()  # a data dir the box does not know is not read
+    register_data_dir(str(scratch), None)  # as training_run does when it starts r2
+    assert held_by_others(str(data), str(own)) == {1}
+    assert GpuClaims(str(data), str(own)).held() == {1}
 
 
 def spans(log: Path):

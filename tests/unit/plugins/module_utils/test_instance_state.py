@@ -114,7 +114,7 @@ def test_gpu_users_tell_a_hand_started_job_from_a_run_and_its_unmarked_worker(
     run_dir = str(tmp_path / "data" / "runs" / "r1")
     runner = hold(procs, devices[0], {"PATH": "/usr/bin:/bin", "RGT_RUN_DIR": run_dir}, child=devices[1])
     by_hand = hold(procs, devices[2], {"PATH": "/usr/bin:/bin"})
-    for _ in range(100):  # the unmarked worker opens its device after its parent said ready
+    for _attempt in range(100):  # the unmarked worker opens its device after its parent said ready
         users, _unreadable = gpu_users(pattern=pattern)
         if len(users) == 3:
             break

@@ -29,6 +29,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._meter
     parse_verb,
     plan_for,
     scrub,
+    stopped_states,
 )
 from ansible_collections.remote_gpu.trainer.tests.workload.harness import FAKE_PROVIDER
 
@@ -45,6 +46,7 @@ RESULT_KEYS = {
     "command_rc",
     "command_error",
     "status_error",
+    "stale_id",
     "msg",
 }
 FAST = {"timeout_s": 3.0, "poll_interval_s": 0.05, "command_timeout_s": 10.0}
@@ -148,6 +150,46 @@ def test_an_already_stopped_pod_is_left_alone(provider):
     changed, result = meter_stop(shipped("runpod", "p1"), check_mode=False)
     assert changed is False and result["already"] is True and result["final_state"] == "EXITED"
     assert result["command_rc"] is None and "not run" in result["msg"] and provider.calls() == [LIST_PODS]
+
+
+def test_an_exited_pod_whose_box_just_answered_is_a_stale_id_and_nothing_runs(provider):
+    # The box answered SSH seconds ago, so it runs: an id the provider calls EXITED names another pod.
+    provider.add("p1", "--status", "exited")
+    with pytest.raises(MeterStopError) as refused:
+        meter_stop(shipped("runpod", "p1"), check_mode=False, box_answered=True)
+    result = refused.value.result
+    assert result["stale_id"] is True and result["already"] is False and result["states"] == ["EXITED"]
+    assert "instance p1 is already EXITED, yet the box answered" in result["msg"] and "stale" in result["msg"]
+    assert provider.calls() == [LIST_PODS]
+
+
+def test_a_stopped_state_of_another_verb_refuses_a_delete_of_a_box_that_answered(provider):
+    # EXITED is not final for delete, but it is stopped: deleting it would destroy another (stopped) pod.
+    provider.add("p1", "--status", "exited")
+    loaded = profile("runpod", "p1")
+    delete = parse_verb(loaded["meter_stop_verbs"], "delete")
+    stopped = stopped_states(loaded["meter_stop_verbs"], delete)
+    assert set(stopped) == {"EXITED", "TERMINATED"}
+    with pytest.raises(MeterStopError) as refused:
+        meter_stop(plan_for(delete, **FAST), check_mode=False, box_answered=True, stopped_states=stopped)
+    assert refused.value.result["stale_id"] is True and "already EXITED" in str(refused.value)
+    assert provider.calls() == [LIST_PODS] and provider.instances()["p1"]["status"] == "exited"
+
+
+def test_a_gone_id_whose_box_just_answered_is_a_stale_id(provider):
+    provider.add("other")
+    with pytest.raises(MeterStopError) as refused:
+        meter_stop(shipped("runpod", "p1"), check_mode=False, box_answered=True)
+    assert refused.value.result["stale_id"] is True and refused.value.result["gone"] is True
+    assert "lists no instance p1, yet the box answered" in str(refused.value) and provider.calls() == [LIST_PODS]
+
+
+def test_stopped_states_skip_verbs_read_another_way_and_broken_declarations(provider):
+    loaded = profile("runpod", "p1")
+    verbs = dict(loaded["meter_stop_verbs"], broken={"command": ["x"]})
+    verbs["other"] = dict(verbs["stop"], status=dict(verbs["stop"]["status"], state_key="status"), final_states=["X"])
+    stop = parse_verb(verbs, "stop")
+    assert stopped_states(verbs, stop) == ("EXITED", "TERMINATED")
 
 
 def test_a_slow_provider_is_polled_until_final_and_states_are_deduped(provider):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -12,14 +13,19 @@ from typing import Any, Dict, Optional
 
 import pytest
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch._launch_attempt import archive
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch._relaunch import (
+    Decision,
     RelaunchRefused,
     decide,
+    decide_start,
     refuse_orphans,
     spec_changes,
     still_training,
 )
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._archive import archive_runs
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runspec import RunSpec, parse_spec
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.runner._cell_sync import claim_durable, update_manifest
 
 STAMP = "2026-12-04T10:00:00Z"
 
@@ -207,3 +213,79 @@ def test_a_dead_runners_cell_still_training_is_named_with_its_pid(orphan):
         "state=stopped"
     )
     refuse_orphans("r2", run_dir.replace("/r1", "/r2"))  # another run's marker: nothing of r2 runs
+
+
+# --- no refusal offers a way out that loses data (issue 29, item 5) --------------------------------------------------
+
+
+def durable_of(tmp_path: Path, launch_id: str, cell: str) -> Path:
+    """A verified durable copy of r1 by launch ``launch_id`` holding ``cell``'s weights."""
+    copy = tmp_path / "durable" / "runs" / "r1"
+    (copy / "cells" / cell).mkdir(parents=True)
+    (copy / "cells" / cell / "best.pth").write_bytes(b"weights")
+    (copy / "MANIFEST.sha256").write_text(f"{hashlib.sha256(b'weights').hexdigest()}  7  cells/{cell}/best.pth\n")
+    (copy / ".launch.json").write_text(json.dumps({"run": "r1", "launch_id": launch_id}))
+    return copy
+
+
+def files_of(root: Path) -> Dict[str, bytes]:
+    return {str(path.relative_to(root)): path.read_bytes() for path in root.rglob("*") if path.is_file()}
+
+
+def start(tmp_path: Path, launch_id: str, cells=None, **params: Any) -> Decision:
+    (tmp_path / "data" / "runs").mkdir(parents=True, exist_ok=True)
+    return decide_start(spec_of(tmp_path, cells, launch_id=launch_id), params, "setsid", True, lambda text: None)
+
+
+def sync(copy: Path, launch_id: str, cell: str) -> None:
+    """What the new launch's runner does to the durable copy when its cell succeeds."""
+    claim_durable(str(copy), "r1", launch_id)
+    update_manifest(str(copy), cell, [{"path": "best.pth", "size": 3, "sha256": "1" * 64}])
+
+
+def test_relaunching_an_archived_runs_name_starts_afresh_and_never_reaches_its_durable_copy(tmp_path):
+    # The issue's case: r1 (launch L1) finished and was archived; a launch of the name r1 again.
+    run = tmp_path / "data" / "runs" / "r1"
+    run.mkdir(parents=True)
+    durable = tmp_path / "durable"
+    record = {"schema": 1, "run": "r1", "pgid": 2**22 + 7, "sid": 2**22 + 7, "pids": [2**22 + 7], "detach": "setsid"}
+    (run / "run.json").write_text(json.dumps(dict(record, durable_dir=str(durable), launch_id="L1")))
+    durable_of(tmp_path, "L1", "a")
+    moved = archive_runs({"data_dir": str(tmp_path / "data"), "run": "r1"}, False)["runs"][0]["durable"]["to"]
+    kept = files_of(Path(moved))
+    decision = start(tmp_path, "L2")
+    assert (decision.relaunch.outcome, decision.attempt.archives) == ("started", ())
+    sync(durable / "runs" / "r1", "L2", "a")
+    assert files_of(Path(moved)) == kept
+
+
+def test_a_copy_holding_this_launchs_cells_is_refused_without_offering_its_launch_id(tmp_path):
+    copy = durable_of(tmp_path, "L1", "a")
+    kept = files_of(copy)
+    with pytest.raises(RelaunchRefused) as refused:
+        start(tmp_path, "L2")
+    message = str(refused.value)
+    assert "launch_id: L1" not in message and "\n" not in message
+    assert message == (
+        f"run r1: {copy} holds launch L1, not L2: set launch_new_attempt: true (module: new_attempt) to archive it "
+        "and start afresh, or use a new run name (joining launch L1 would overwrite its cell a)"
+    )
+    # Following the way out it offers: the earlier copy is renamed aside whole.
+    decision = start(tmp_path, "L2", new_attempt=True)
+    archive(decision.attempt)
+    assert files_of(tmp_path / "durable" / "runs" / "r1@attempt-1") == kept
+
+
+def test_joining_a_launch_is_offered_only_where_it_overwrites_nothing(tmp_path):
+    copy = durable_of(tmp_path, "L1", "x")  # a sharded peer's cell
+    kept = files_of(copy)
+    with pytest.raises(RelaunchRefused, match="set launch_id: L1 to add this box to that launch"):
+        start(tmp_path, "L2")
+    decision = start(tmp_path, "L1")  # following it: this box joins, its cell a beside the peer's x
+    assert decision.attempt.archives == ()
+    sync(copy, "L1", "a")
+    after = files_of(copy)
+    assert {name: data for name, data in after.items() if name.startswith("cells/x/")} == {
+        name: data for name, data in kept.items() if name.startswith("cells/x/")
+    }
+    assert "cells/x/best.pth" in after["MANIFEST.sha256"].decode()

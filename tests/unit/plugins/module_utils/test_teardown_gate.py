@@ -15,7 +15,7 @@ from typing import Any, Dict
 import pytest
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import tombstone_path
-from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _teardown_gate
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown import _teardown_gate, _teardown_instance
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._teardown_gate import (
     parse_manifest,
     teardown_gate,
@@ -117,6 +117,23 @@ def test_a_failed_cell_is_refused_unless_accepted(tmp_path):
     assert accepted["passed"], accepted["reason"]
     assert [artifact["path"] for artifact in accepted["artifacts"]] == ["cells/a/best.pth"]
     assert [cell["accepted"] for cell in accepted["cells"]] == [False, True]
+
+
+def test_a_copy_its_check_refused_is_known_bad_in_the_manifest_and_the_gate_names_it(tmp_path):
+    # The runner keeps the faithful copy of b's NaN weights in MANIFEST.sha256: marked, the gate says so.
+    cells = [
+        {"name": "a", "command": train("--layout", "hf")},
+        {"name": "b", "command": train("--layout", "hf", "--nan-weights")},
+    ]
+    run_dir = make_run(tmp_path, cells, artifacts=["model.safetensors"], check_finite=True)
+    start_runner(run_dir).wait(timeout=60)
+    accepted = gate(tmp_path, accept_incomplete_cells=["b"])
+    assert accepted["passed"], accepted["reason"]
+    manifest = accepted["durable"]["manifest"]
+    assert manifest["known_bad"] == [{"path": "cells/b/model.safetensors", "bad": "non-finite"}]
+    assert manifest["bad_lines"] == [] and manifest["lines"] == 2  # the mark is a comment, not a malformed entry
+    assert _teardown_instance._manifest_lines(manifest["path"]) == 2  # nor a file of another run's survey
+    assert [artifact["path"] for artifact in accepted["artifacts"]] == ["cells/a/model.safetensors"]
 
 
 def test_a_cell_without_result_is_missing_and_a_misspelt_acceptance_is_noted(box):

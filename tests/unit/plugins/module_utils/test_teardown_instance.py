@@ -38,6 +38,9 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def box(two_runs: Path, tmp_path: Path) -> Path:
     shutil.copytree(two_runs, tmp_path / "box", symlinks=True)
+    # The copy's runs name its own dirs: archiving follows run.json's durable_dir, never into the shared original.
+    for record in (tmp_path / "box" / "data" / "runs").glob("*/*.json"):
+        record.write_text(record.read_text().replace(str(two_runs), str(tmp_path / "box")))
     return tmp_path / "box"
 
 
@@ -297,3 +300,47 @@ def test_packed_cells_one_hung_one_failed_are_judged_per_cell(tmp_path):
         for entry in accepted["runs"]
     }
     assert done == {"r1": ["c2", "c3"], "r2": ["a"]}
+
+
+def test_the_survey_follows_an_archived_runs_durable_copy_and_checks_it_against_its_manifest(box):
+    # Issue 29 (items 4, 5): the entry says where the scratch lies and where the durable copy went, and whether that
+    # copy still holds what its manifest lists: what a stop gate needs to tell a kept disk from a lost only copy.
+    data, durable = str(box / "data"), str(box / "durable")
+    archive_runs({"data_dir": data, "run": "r2"}, check_mode=False)
+    (archived,) = list_archived(data)
+    copy = box / "durable" / "runs" / ".archive" / archived.entry
+    (entry,) = _teardown_instance.survey_archived(data, durable)
+    assert (entry["scratch_dir"], entry["data_dir"], entry["durable_dir"]) == (archived.path, data, str(copy))
+    assert (entry["durable_moved"], entry["durable_files"], entry["durable_verified"]) == (True, 1, True)
+    assert (entry["durable_check"], entry["durable_problem"]) == ("size", None)
+    # A new run of the name writes <durable_dir>/runs/r2: the archived run's entry does not count its files.
+    fresh = box / "durable" / "runs" / "r2"
+    fresh.mkdir()
+    (fresh / "MANIFEST.sha256").write_text("".join(f"{'0' * 64}  1  cells/x/f{n}\n" for n in range(3)))
+    assert _teardown_instance.survey_archived(data, durable)[0]["durable_files"] == 1
+    # The same size with other bytes passes the size check and fails the re-hash; a shorter file fails both.
+    (weights,) = list(copy.rglob("best.pth"))
+    weights.write_bytes(bytes(len(weights.read_bytes())))
+    assert _teardown_instance.survey_archived(data, durable)[0]["durable_verified"] is True
+    rehashed = _teardown_instance.survey_archived(data, durable, rehash=True)[0]
+    assert (rehashed["durable_verified"], rehashed["durable_check"]) == (False, "sha256")
+    assert "same size, different sha256" in rehashed["durable_problem"]
+    weights.write_bytes(b"short")
+    (entry,) = _teardown_instance.survey_archived(data, durable)
+    assert entry["durable_verified"] is False and entry["durable_problem"].endswith(": 5 bytes, expected 8192")
+
+
+def test_a_run_archived_before_copies_moved_is_found_at_its_old_place_and_said_to_be_in_reach(box):
+    data = box / "data"
+    archive_root = data / "runs" / ".archive"
+    archive_root.mkdir()
+    (data / "runs" / "r2").rename(archive_root / "r2-20261201T120000Z")  # as run_archive did before issue 29
+    (entry,) = _teardown_instance.survey_archived(str(data), str(box / "durable"))
+    old = box / "durable" / "runs" / "r2"
+    assert (entry["durable_dir"], entry["durable_moved"], entry["durable_files"]) == (str(old), False, 1)
+    assert entry["durable_problem"] == f"{old} was not moved with the run: a new run of its name writes there"
+    # Moved by hand to the name run_archive now gives it, it is found there.
+    (box / "durable" / "runs" / ".archive").mkdir()
+    old.rename(box / "durable" / "runs" / ".archive" / "r2-20261201T120000Z")
+    (entry,) = _teardown_instance.survey_archived(str(data), str(box / "durable"))
+    assert (entry["durable_moved"], entry["durable_verified"], entry["durable_problem"]) == (True, True, None)

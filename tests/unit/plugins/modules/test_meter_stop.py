@@ -66,6 +66,17 @@ def test_a_second_run_is_a_no_op(provider, run_module):
     assert [argv[2] for argv in provider.calls()] == ["list", "stop", "list", "list"]
 
 
+def test_a_box_that_answered_refuses_a_stopped_pod_as_a_stale_id(provider, run_module):
+    # delete's final state is TERMINATED, but stop declares EXITED: a stopped pod, not the box that answered.
+    provider.add("p1", "--status", "exited")
+    code, result = run_module(meter_stop, args("delete", box_answered=True))
+    assert code == 1 and result["stale_id"] is True and set(result) >= ALWAYS
+    assert "instance p1 is already EXITED, yet the box answered" in result["msg"]
+    assert provider.calls() == [LIST_PODS] and provider.instances()["p1"]["status"] == "exited"
+    code, result = run_module(meter_stop, args("delete"))  # without box_answered: deleting a stopped pod is fine
+    assert code == 0 and result["stale_id"] is False and provider.instances() == {}
+
+
 def test_check_mode_runs_nothing(provider, run_module):
     provider.add("p1")
     code, result = run_module(meter_stop, args(), check_mode=True)

@@ -81,7 +81,7 @@ def test_each_tick_counts_up_and_check_mode_writes_no_tick(tmp_path, run_module)
     tick_file = tmp_path / "runs" / ".patrol-tick.json"
     (tmp_path / "runs").mkdir()
     patrol(run_module, tmp_path, check_mode=True)
-    assert not tick_file.exists()
+    assert not tick_file.exists() and not (tmp_path / "runs" / ".instance").exists()  # nor the cost ledger's copy
     patrol(run_module, tmp_path)
     first = json.loads(tick_file.read_text())
     patrol(run_module, tmp_path, check_mode=True)
@@ -89,7 +89,8 @@ def test_each_tick_counts_up_and_check_mode_writes_no_tick(tmp_path, run_module)
     patrol(run_module, tmp_path, run=None)
     second = json.loads(tick_file.read_text())
     assert (first["tick"], second["tick"]) == (1, 2) and ts(second["at"]) >= ts(first["at"])
-    assert sorted(p.name for p in tick_file.parent.iterdir()) == [".patrol-tick.json"]  # no temp file left
+    # No temp file left; beside the tick, the box's cost ledger's copy in this data dir.
+    assert sorted(p.name for p in tick_file.parent.iterdir()) == [".instance", ".patrol-tick.json"]
 
 
 def test_an_armed_autostop_and_its_decision_are_returned(tmp_path, run_module):

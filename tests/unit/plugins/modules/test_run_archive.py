@@ -98,7 +98,24 @@ def test_bad_options_fail_in_one_line_naming_the_option(data, run_module, more, 
 def test_every_returned_key_is_documented():
     documented = yaml.safe_load(run_archive.RETURN)
     assert set(documented) == {"msg", "runs", "refused", "problems"}
-    entry_keys = {"run", "state", "from", "path", "record", "archived_at", "reason", "refused"}
+    entry_keys = {"run", "state", "from", "path", "record", "archived_at", "reason", "refused", "durable"}
     assert set(documented["runs"]["contains"]) == entry_keys
+    assert set(documented["runs"]["contains"]["durable"]["contains"]) == {"state", "dir", "from", "to"}
     options = yaml.safe_load(run_archive.DOCUMENTATION)["options"]
     assert set(options) == set(run_archive.ARGUMENT_SPEC)
+
+
+def test_the_durable_copy_moves_with_the_run_and_the_entry_says_where(data, run_module):
+    durable = data.parent / "durable"
+    record = json.loads((data / "runs" / "alpha" / "run.json").read_text())
+    (data / "runs" / "alpha" / "run.json").write_text(json.dumps(dict(record, durable_dir=str(durable))))
+    (durable / "runs" / "alpha" / "cells" / "a").mkdir(parents=True)
+    (durable / "runs" / "alpha" / "MANIFEST.sha256").write_text("")
+    code, result = run_module(run_archive, args(data, run=["alpha"]))
+    assert code == 0 and result["runs"][0]["state"] == "archived"
+    durable_entry = result["runs"][0]["durable"]
+    moved = Path(durable_entry["to"])
+    assert (durable_entry["state"], durable_entry["from"]) == ("moved", str(durable / "runs" / "alpha"))
+    assert moved.parent == durable / "runs" / ".archive" and moved.name == Path(result["runs"][0]["path"]).name
+    assert (moved / "MANIFEST.sha256").exists() and not (durable / "runs" / "alpha").exists()
+    assert f"(durable copy -> {moved})" in result["msg"]

@@ -11,6 +11,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from typing import Any, Dict, List
 
 import pytest
 
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.instance import _box_state
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.launch import _relaunch, _run_detach, _training_run
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import tombstone_path
 from ansible_collections.remote_gpu.trainer.plugins.modules import training_run
@@ -713,3 +715,56 @@ def test_a_dead_run_resumes_under_its_own_launch_and_skips_its_done_cells(box, r
         "done",
         "first-1",
     )  # nothing starts over a done run
+
+
+# --- issue 29, item 1 (and 2): the box's other data dirs and GPU users --------------------------------------------
+
+
+def test_a_started_run_registers_its_data_dir_on_the_box_check_mode_does_not(box, run_module, instance_dir):
+    args = args_for(box, durable_dir=str(box["durable"]), cells=[cell("a")])
+    assert run_module(training_run, args, check_mode=True)[0] == 0
+    assert _box_state.registered_data_dirs()[0] == []
+    code, result = run_module(training_run, args)
+    assert code == 0, result
+    (entry,) = _box_state.registered_data_dirs()[0]
+    assert (entry["path"], entry["durable_dir"]) == (str(box["data"]), str(box["durable"]))
+
+
+def test_a_live_run_of_another_data_dir_is_refused_unless_allow_concurrent(box, run_module):
+    scratch = box["root"] / "scratch"
+    (scratch / "code" / "r2").mkdir(parents=True)
+    forever = [cell("a", "--forever", "--step-s", "0.1")]
+    code, other = run_module(training_run, args_for(box, run="r2", data_dir=str(scratch), cells=forever))
+    assert code == 0, other
+    code, refused = run_module(training_run, args_for(box))
+    assert code == 1
+    assert refused["msg"] == (
+        f"run r2 in {scratch} (pgid {other['pgid']}) is running on this box; set allow_concurrent to start r1 beside it"
+    )
+    assert not (box["data"] / "runs" / "r1").exists()
+    code, allowed = run_module(training_run, args_for(box, allow_concurrent=True))
+    assert code == 0 and allowed["changed"] is True
+
+
+def test_a_gpu_a_hand_started_job_holds_is_warned_about(box, run_module, monkeypatch, tmp_path):
+    devices = [tmp_path / f"nvidia{index}" for index in range(2)]
+    for device in devices:
+        device.write_text("")
+    monkeypatch.setattr(
+        _training_run, "GPU_DEVICE", re.compile(rf"^{re.escape(str(tmp_path))}/nvidia(?P<index>[0-9]+)$")
+    )
+    warned: List[str] = []  # the module's own warn() calls (where ansible-core delivers them varies)
+    monkeypatch.setattr(training_run.AnsibleModule, "warn", lambda _module, text: warned.append(text))
+    hold = "import os, sys, time; os.open(sys.argv[1], os.O_RDONLY); print('ready', flush=True); time.sleep(60)"
+    job = subprocess.Popen([sys.executable, "-c", hold, str(devices[1])], stdout=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout is not None and job.stdout.readline().strip() == "ready"
+        assert run_module(training_run, args_for(box, gpus=[0, 1]), check_mode=True)[0] == 0
+        (warning,) = [text for text in warned if "belongs to no run" in text]
+        assert warning.startswith(f"GPU 1 is in use by pid {job.pid} python")
+        warned.clear()
+        assert run_module(training_run, args_for(box, gpus=[0]), check_mode=True)[0] == 0
+        assert not [text for text in warned if "belongs to no run" in text]  # not a GPU this run is given
+    finally:
+        job.kill()
+        job.wait()

@@ -166,14 +166,22 @@ def test_a_misspelt_autostop_suboption_is_named(box, run_module):
     assert not (box["data"] / "runs" / "r1").exists()
 
 
-def test_without_autostop_nothing_is_armed_and_the_box_bills_since_its_run_started(box, run_module):
+def test_without_autostop_nothing_is_armed_and_check_mode_tells_the_cost_the_real_launch_records(
+    box, run_module, instance_dir
+):
+    """A check-mode launch said $0.02 and the real one a minute later $0.00 (its own run's start became the since)."""
+    code, checked = run_module(training_run, args_for(box), check_mode=True)
+    assert code == 0 and not (instance_dir / "ledger.json").exists()
     code, result = run_module(training_run, args_for(box))
 
     assert code == 0 and result["autostop"] is None
     assert not os.path.exists(autostop_dir(str(box["data"])))
-    since = datetime.fromisoformat(result["box_started_at"].replace("Z", "+00:00")).timestamp()
     started = datetime.fromisoformat(result["started_at"].replace("Z", "+00:00")).timestamp()
-    assert result["box_started_at"].endswith("Z") and abs(since - started) < 1.0
+    since = datetime.fromisoformat(result["box_started_at"].replace("Z", "+00:00")).timestamp()
+    assert result["box_started_at"] == checked["box_started_at"] == result["ledger"]["first_seen"]
+    assert since <= started and result["ledger"]["running_s"] >= checked["ledger"]["running_s"] > 0
+    recorded = json.loads((instance_dir / "ledger.json").read_text())
+    assert recorded["first_seen"] == result["box_started_at"] and result["box_now"].endswith("Z")
 
 
 def test_stopping_a_run_can_disarm_the_box(box, run_module):
@@ -184,3 +192,25 @@ def test_stopping_a_run_can_disarm_the_box(box, run_module):
     assert code == 0 and result["autostop"]["state"] == "disarmed" and result["autostop"]["changed"] is True
     assert json.loads(Path(autostop_armed_path(str(box["data"]))).read_text())["disarmed"] is True
     assert result["box_started_at"] is not None
+
+
+def test_a_stop_that_does_not_keep_the_disk_says_what_it_will_never_stop_for(box, run_module):
+    """Issue 29: an archived run blocks such a stop, and a failed cell disables its dead-man; said when arming."""
+    entry = box["data"] / "runs" / ".archive" / "r0-20300101T000000Z" / "cells" / "a"
+    entry.mkdir(parents=True)
+    durable_only = dict(autostop()["verb"], survives=["durable_dir"])
+
+    code, result = run_module(
+        training_run, args_for(box, autostop=autostop(verb=durable_only, controller_silence_hours=6))
+    )
+
+    assert code == 0, result["msg"]
+    facts = result["autostop"]
+    assert facts["armed"] is True and facts["blocked_by"] == [
+        "archived run r0 (.archive/r0-20300101T000000Z) blocks it: the stop keeps only durable_dir and would lose "
+        "its scratch (teardown_run or abandon)"
+    ]
+    assert facts["caveats"] == [
+        "a failed cell disables the dead-man: the stop keeps only durable_dir, so a run that ended with a failed cell "
+        "holds the box until it is torn down"
+    ]

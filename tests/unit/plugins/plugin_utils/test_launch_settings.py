@@ -97,7 +97,7 @@ def test_a_good_sweep_gives_every_key_and_training_run_options_only(tmp_path: Pa
     assert set(settings) == {
         "host", "run", "run_dir", "data_dir", "durable_dir", "workdir", "code", "module_args", "cells", "shard",
         "secret_names", "launch_id", "preflight", "runtime_python", "base_python", "probe_timeout_s",
-        "task_timeout_s", "sync_timeout_s", "report_dir", "autostop", "hourly_usd",
+        "task_timeout_s", "sync_timeout_s", "report_dir", "autostop", "hourly_usd", "hourly_usd_warning",
     }  # fmt: skip
     module = settings["module_args"]
     assert set(module) <= set(training_run.ARGUMENT_SPEC) | NEW_MODULE_OPTIONS
@@ -653,10 +653,17 @@ def test_disarm_asks_training_run_to_disarm_whatever_the_platform(tmp_path: Path
     ]
 
 
-@pytest.mark.parametrize("rate", ["abc", -1, True])
-def test_a_bad_hourly_rate_refuses_the_box_naming_hourly_usd(tmp_path: Path, rate: Any) -> None:
-    problems = problems_of(tmp_path, {"hourly_usd": rate})
-    assert len(problems) == 1 and problems[0].startswith("hourly_usd: must be a number of US dollars per hour (>= 0)")
+@pytest.mark.parametrize("rate", ["abc", -1, True, "nan"])
+def test_a_bad_hourly_rate_is_a_warning_naming_hourly_usd_never_a_refusal(tmp_path: Path, rate: Any) -> None:
+    settings, problems = settle(play(tmp_path, {"hourly_usd": rate}))
+    assert problems == [] and settings is not None and settings["hourly_usd"] is None
+    assert settings["hourly_usd_warning"].startswith("hourly_usd: must be a number of US dollars per hour (>= 0)")
+
+
+def test_an_hourly_rate_given_as_text_is_the_rate(tmp_path: Path) -> None:
+    settings, problems = settle(play(tmp_path, {"hourly_usd": "2.5"}))  # -e hourly_usd=2.5
+    assert problems == [] and settings is not None
+    assert (settings["hourly_usd"], settings["hourly_usd_warning"]) == (2.5, None)
 
 
 def test_the_hourly_rate_is_read_from_the_host_and_may_be_a_template(tmp_path: Path) -> None:

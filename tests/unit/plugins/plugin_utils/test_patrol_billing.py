@@ -56,7 +56,8 @@ def judged(
         "box": box, "autostop": autostop, **facts,
     }  # fmt: skip
     record = records.checked("b1", answer, "python3")
-    record["cost"] = box_cost(rate, (box or {}).get("since"), NOW)
+    told = record.get("box") or {}
+    record["cost"] = box_cost(rate, told.get("since"), NOW, box_now=told.get("box_now"), ledger=told.get("ledger"))
     billing.escalate(record, minutes, rate, NOW)
     record["line"] = lines.line(record, NOW)
     return record
@@ -72,7 +73,33 @@ def test_an_idle_box_over_the_limit_escalates_with_what_it_burns_and_what_to_run
         "idle_s": 7800.0, "hourly_usd": 2.0, "burning_usd": 4.33, "since": iso(NOW - timedelta(hours=2, minutes=10))
     }  # fmt: skip
     assert record["state"] == "done"  # the runs' state stays; the box is escalated for its money
-    assert record["line"].endswith("| $10.00 so far at $2.00/h  ESCALATED -> teardown")
+    assert record["line"].endswith("| $10.00 so far since 12-03 22:29 at $2.00/h  ESCALATED -> teardown")
+
+
+@pytest.mark.parametrize("skew", [timedelta(hours=3), timedelta(hours=-3)])
+def test_a_box_clock_hours_off_ours_idles_and_costs_on_its_own_clock(skew: timedelta) -> None:
+    """A box 3 h ahead was never flagged and showed $0.00; one 3 h behind was flagged at once and billed 3 h more."""
+    box_now = NOW + skew
+    ledger = {"first_seen": iso(box_now - timedelta(hours=5)), "running_s": 5 * 3600.0, "segments_total": 1}
+    box = idle_box(
+        since=iso(box_now - timedelta(hours=5)), idle_since=iso(box_now - timedelta(hours=2, minutes=10)),
+        box_now=iso(box_now), ledger=ledger,
+    )  # fmt: skip
+    record = judged(box)
+    assert record["idle_billing"]["idle_s"] == 7800.0 and record["problems"] == ["idle_billing"]
+    assert record["reasons"][0].startswith("idle_billing: no live run for 2 h 10 min")
+    assert (record["cost"]["hours"], record["cost"]["usd"]) == (5.0, 10.0)
+    fresh = judged(dict(box, idle_since=iso(box_now - timedelta(minutes=2))))
+    assert fresh["idle_billing"]["idle_s"] == 120.0 and not fresh["escalate"]
+
+
+def test_without_the_box_s_now_idle_time_is_counted_on_the_controller_s_clock() -> None:
+    assert billing.idle_billing(idle_box(), 2.0, NOW)["idle_s"] == 7800.0  # an older module sends no box_now
+
+
+def test_a_garbage_box_now_or_ledger_is_dropped_and_named() -> None:
+    box, ok = billing.box_facts(idle_box(box_now=7, ledger={"running_s": "lots"}))
+    assert not ok and box is not None and (box["box_now"], box["ledger"]) == (None, None)
 
 
 def test_idle_billing_notifies_once_across_two_ticks(tmp_path) -> None:
@@ -151,7 +178,7 @@ def test_the_line_shows_the_armed_timer_and_the_cost() -> None:
     record = judged(idle_box(timedelta(minutes=18)), armed("idle_wait"))
     assert record["line"] == (
         "b1  DONE  run r2: 1/1 cells done | r1: done 3/3; r2: done 1/1 | disk ?, gpu none"
-        " | autostop: stops at 03:41 UTC (idle 18/30 min) | $10.00 so far at $2.00/h"
+        " | autostop: stops at 03:41 UTC (idle 18/30 min) | $10.00 so far since 12-03 22:29 at $2.00/h"
     )
 
 
@@ -177,7 +204,7 @@ def test_a_long_line_gives_way_in_the_run_summaries_never_the_money() -> None:
     runs = [{"run": f"r{n}", "summary": f"r{n}: done 1/1 " + "x" * 150, "state": "done"} for n in range(6)]
     record = judged(idle_box(), armed("gate_failed", gate={"step": "durable", "reason": "y" * 100}), runs=runs)
     assert len(record["line"]) <= lines.BOX_LINE_CHARS
-    assert record["line"].endswith("| $10.00 so far at $2.00/h  ESCALATED -> teardown")
+    assert record["line"].endswith("| $10.00 so far since 12-03 22:29 at $2.00/h  ESCALATED -> teardown")
     assert "autostop: gate failed at durable: " in record["line"]
 
 

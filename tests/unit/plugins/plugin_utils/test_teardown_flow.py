@@ -52,12 +52,19 @@ class FakeAction:
     def __init__(self, answers: Dict[str, List[Any]], check_mode: bool = False) -> None:
         self.answers = answers
         self.calls: List[Dict[str, Any]] = []
+        self.leases: List[Dict[str, Any]] = []  # box_lease calls, apart: each may come at any step
+        self.on_lease: Callable[[Dict[str, Any]], Any] = lambda args: None
         self._task = FakeTask()
         self._task.check_mode = check_mode
         self._templar = Templar(loader=None, variables={})
         self._connection = None
 
     def box_module(self, name: str, args: Dict[str, Any], task_vars: Dict[str, Any]) -> Dict[str, Any]:
+        if name == "box_lease":
+            self.leases.append(dict(args, check_mode=self._task.check_mode, after=self.modules()))
+            self.on_lease(args)
+            scripted = self.answers.get("box_lease")
+            return scripted.pop(0) if scripted else {"changed": True}
         self.calls.append({"module": name, "args": args, "check_mode": self._task.check_mode})
         answer = self.answers[name].pop(0)
         return answer(args) if callable(answer) else answer
@@ -148,17 +155,22 @@ def test_stop_running_in_check_mode_signals_nothing() -> None:
 
 
 def test_stop_running_confirmed_stops_the_live_run_then_judges_again(pod: Provider) -> None:
+    stopped = {"changed": True, "state": "stopped", "msg": "stopped run r1 (pgid 41): 2 process(es)"}
     action = FakeAction(
         {
             "teardown_gate": [gate(False, step="run_alive", state="running"), gate()],
-            "training_run": [{"changed": True, "state": "stopped"}],
+            "training_run": [stopped],
             "run_scratch": [scratch_answer],
         }
     )
     flow = teardown(action, stop_running=True, confirm="b1")
     assert run(flow)[0] == "TORN_DOWN"
+    assert "runs r1: stopped by teardown (stop_running): run r1 (pgid 41): 2 process(es); gate passed" in lines.line(
+        flow.record | {"status": "TORN_DOWN"}
+    )
     assert action.modules() == ["teardown_gate", "training_run", "teardown_gate", "run_scratch"]
     assert action.calls[1]["args"]["state"] == "stopped" and action.calls[1]["args"]["run"] == "r1"
+    assert action.calls[1]["args"]["stopped_by"] == "teardown"  # its cells then read "stopped by teardown at HH:MM"
 
 
 def test_a_manual_verb_is_stop_by_hand_not_torn_down(pod: Provider) -> None:
@@ -258,6 +270,50 @@ def test_an_id_the_provider_does_not_list_is_wrong_when_the_box_answered(provide
     assert [call[:3] for call in provider.calls()] == [["runpodctl", "pod", "list"]]  # nothing stopped
 
 
+def test_an_exited_pod_whose_box_answered_is_a_stale_id_refused_before_the_stop(provider: Provider) -> None:
+    # The provider said EXITED seconds after the box answered the gate: the id names another pod. It used to end
+    # TORN_DOWN ("already EXITED, nothing run") while the box billed on.
+    provider.add("pod-1", "--status", "exited")
+    action = FakeAction({"teardown_gate": [gate()], "run_scratch": [scratch_answer]})
+    flow = teardown(action, confirm="b1")
+    with pytest.raises(StageError) as stopped:
+        run(flow)
+    assert stopped.value.step == "meter_stop" and lines.status_of_step(stopped.value.step) == "FAILED"
+    assert "instance pod-1 is already EXITED, yet the box answered" in stopped.value.reason
+    assert flow.record["meter_stop"]["state"] == "failed" and flow.record["meter_stop"]["stale_id"] is True
+    assert [call[:3] for call in provider.calls()] == [["runpodctl", "pod", "list"]]  # nothing stopped
+
+
+def test_a_delete_of_a_stopped_pod_whose_box_answered_is_refused_as_a_stale_id(provider: Provider) -> None:
+    # EXITED is final for the profile's stop verb: to its delete verb it is a stopped pod that is not this box.
+    provider.add("pod-1", "--status", "exited")
+    action = FakeAction({"teardown_gate": [gate()], "run_scratch": [scratch_answer]})
+    verbs = {"stop": STOP, "delete": DELETE}
+    flow = teardown(action, confirm="b1", meter_stop_verb="delete", meter_stop_verbs=verbs)
+    with pytest.raises(StageError, match="is already EXITED, yet the box answered"):
+        run(flow)
+    assert ["runpodctl", "pod", "delete", "pod-1"] not in provider.calls() and "pod-1" in provider.instances()
+
+
+def test_known_bad_files_are_kept_in_the_record_and_named_on_the_line_once(pod: Provider) -> None:
+    # The line used to say "10 new; 5 files verified" and nothing of the copies a check of the run refused.
+    bad = [
+        {"path": "cells/b/model.safetensors", "bad": "non-finite"},
+        {"path": "cells/c/best.pt", "bad": "verify_cmd"},
+    ]
+    answer = gate()
+    answer["runs"][0]["durable"]["manifest"] = {"lines": 3, "bad_lines": [], "known_bad": bad}
+    flow = teardown(FakeAction({"teardown_gate": [answer], "run_scratch": [scratch_answer]}), confirm="b1")
+    assert run(flow)[0] == "TORN_DOWN" and flow.record["gate"]["runs"][0]["known_bad"] == bad
+    named = "2 known bad: cells/b/model.safetensors (non-finite), cells/c/best.pt (verify_cmd)"
+    assert f"r1 1/1 cells done, durable 1 files, 4 B verified, {named}" in lines.line(
+        flow.record | {"status": "TORN_DOWN"}
+    )
+    pulled = {"to": "/pulls/b1", "runs": [{"run": "r1", "received_count": 10, "files": 5, "bytes": 2048}]}
+    line = lines.line(flow.record | {"status": "TORN_DOWN", "pull": pulled})
+    assert f"pulled to /pulls/b1 (10 new; 5 files, 2.0 KiB verified; {named})" in line and line.count("known bad") == 1
+
+
 def test_a_failed_load_check_keeps_what_the_command_said() -> None:
     said = "Traceback (most recent call last):\n  ...\n_pickle.UnpicklingError: invalid load key, '\\x00'."
     check = {"artifact": "r1/cells/a/my best.pth", "rc": 1, "timed_out": False, "output_tail": said}
@@ -299,7 +355,7 @@ def test_the_record_costs_the_host_s_rate_since_the_box_started(pod: Provider) -
     assert cost["meter_stopped"] is True  # the pod was stopped: it leaves the fleet's total per hour
     assert flow.record["warnings"] == []
     line = lines.line(dict(flow.record, status="TORN_DOWN"))
-    assert re.search(r"; \$5\.0\d so far at \$2\.50/h$", line), line
+    assert re.search(r"; \$5\.0\d so far since \d\d-\d\d \d\d:\d\d at \$2\.50/h$", line), line
 
 
 def test_a_refused_box_still_tells_its_cost_and_the_rate_alone_before_the_gate_answers() -> None:
@@ -328,3 +384,73 @@ def test_without_hourly_usd_there_is_no_cost_and_no_warning(pod: Provider) -> No
     run(flow)
     assert flow.record["cost"] is None and flow.record["warnings"] == []
     assert "/h" not in lines.line(dict(flow.record, status="TORN_DOWN"))
+
+
+# --- issue 29, item 3: the box lease ---------------------------------------------------------------------------------
+
+
+def held_gate(passed: bool = True, **more: Any) -> Callable[[Dict[str, Any]], Dict[str, Any]]:
+    """The gate's answer with the lease it took for the token it was given (as teardown_gate's hold_box does)."""
+
+    def answer(args: Dict[str, Any]) -> Dict[str, Any]:
+        lease = {"holder": "teardown", "token": args["hold_box"]["token"], "since": "x", "until": "y"}
+        return dict(gate(passed, **more), lease=lease, held_by=None)
+
+    return answer
+
+
+def test_the_gate_takes_the_box_the_long_steps_refresh_it_and_it_is_given_back_before_the_stop(pod: Provider) -> None:
+    action = FakeAction(
+        {
+            "teardown_gate": [held_gate()],
+            "load_verify": [lambda args: {"passed": True, "checks": [{"rc": 0}]}],
+            "run_scratch": [scratch_answer],
+        }
+    )
+    stops_seen: List[int] = []
+    action.on_lease = lambda args: stops_seen.append(len(pod.calls()))
+    flow = teardown(action, {"teardown_load_verify_cmd": ["true", "{{ artifact }}"]}, confirm="b1")
+    assert run(flow) == ("TORN_DOWN", None, "")
+    hold = action.calls[0]["args"]["hold_box"]
+    assert hold["token"].startswith("teardown-") and hold["ttl_s"] == 300  # no pull: the next step's slack
+    steps = [(lease.get("state", "held"), lease.get("ttl_s"), lease["after"][-1]) for lease in action.leases]
+    assert steps == [
+        ("held", 600.0, "teardown_gate"),  # load-verify: 300 s for its one check, plus slack
+        ("held", 900.0, "load_verify"),  # the scratch: 600 s, plus slack
+        ("released", None, "run_scratch"),
+    ]
+    assert {lease["token"] for lease in action.leases} == {hold["token"]}
+    assert all(lease["check_mode"] is False for lease in action.leases)
+    assert stops_seen == [0, 0, 0]  # given back before the meter-stop ran
+    assert [call[:3] for call in pod.calls()].count(["runpodctl", "pod", "stop"]) == 1
+
+
+def test_a_teardown_that_stops_early_gives_the_box_back(pod: Provider) -> None:
+    action = FakeAction({"teardown_gate": [held_gate(False, step="durable", reason="run r1: no copy")]})
+    with pytest.raises(StageError, match="no copy"):
+        run(teardown(action, confirm="b1"))
+    assert [(lease.get("state"), lease["after"]) for lease in action.leases] == [("released", ["teardown_gate"])]
+
+
+def test_a_box_another_stage_holds_is_refused_and_its_lease_left_alone() -> None:
+    other = {"holder": "autostop", "token": "w", "since": "x", "until": "y"}
+    refused = dict(gate(False, step="box_lease", reason="the box is held by autostop"), lease=None, held_by=other)
+    action = FakeAction({"teardown_gate": [refused]})
+    with pytest.raises(StageError) as stopped:
+        run(teardown(action, confirm="b1"))
+    assert stopped.value.step == "box_lease" and lines.status_of_step("box_lease") == "REFUSED"
+    assert action.leases == []  # nothing taken, nothing given back
+
+
+def test_check_mode_holds_nothing() -> None:
+    action = FakeAction({"teardown_gate": [gate()], "run_scratch": [{"changed": True, "would_remove": []}]}, True)
+    assert run(teardown(action, confirm="b1"))[0] == "CHECKED"
+    assert "hold_box" not in action.calls[0]["args"] and action.leases == []
+
+
+def test_the_gate_hears_what_the_verb_keeps_and_the_gpu_users_opt_in(pod: Provider) -> None:
+    action = FakeAction({"teardown_gate": [gate()], "run_scratch": [{"changed": True, "would_remove": []}]})
+    run(teardown(action, abandon_gpu_users=True))
+    args = action.calls[0]["args"]
+    assert (args["survives"], args["abandon_gpu_users"]) == (STOP["survives"], True)
+    assert lines.status_of_step("gpu_users") == "REFUSED"

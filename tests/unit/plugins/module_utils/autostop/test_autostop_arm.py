@@ -24,6 +24,7 @@ from ansible_collections.remote_gpu.trainer.plugins.module_utils.autostop._autos
     disarm,
 )
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.autostop._autostop_state import watcher_alive
+from ansible_collections.remote_gpu.trainer.plugins.module_utils.instance import _box_state as box_state
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.layout._runs import (
     autostop_armed_path,
     autostop_dir,
@@ -302,3 +303,40 @@ def test_a_vast_label_id_is_the_instance_number(box, monkeypatch):
 
     assert result["instance_id"] == "7654321" and result["command"] == "vastai stop instance 7654321"
     assert armed(box)["env"] == {"VAST_API_KEY": "CONTAINER_API_KEY"}
+
+
+# --- issue 29: what a stop that does not keep the disk will never do, said when arming -----------------------------
+
+
+def archived(data_dir: Path, run: str, stamp: str = "20300101T000000Z") -> str:
+    """An archived run (run_archive's layout) with one cell's scratch: its entry's name."""
+    entry = f"{run}-{stamp}"
+    (data_dir / "runs" / ".archive" / entry / "cells" / "a").mkdir(parents=True)
+    return entry
+
+
+def test_arming_names_the_archived_runs_a_stop_would_lose_and_a_dead_man_a_failed_cell_disables(box, tmp_path):
+    entry = archived(Path(box["data"]), "r0")
+    scratch = tmp_path / "scratch"
+    other = archived(scratch, "r9")
+    box_state.register_data_dir(str(scratch), None)  # a launch with launch_data_dir=<scratch>
+    durable_only = dict(runpod_verb(), survives=["durable_dir"])
+    blocked = [
+        f"archived run r0 (.archive/{entry}) blocks it: the stop keeps only durable_dir and would lose its scratch "
+        "(teardown_run or abandon)",
+        f"archived run r9 in {scratch} (.archive/{other}) blocks it: the stop keeps only durable_dir and would lose "
+        "its scratch (teardown_run or abandon)",
+    ]
+    caveat = (
+        "a failed cell disables the dead-man: the stop keeps only durable_dir, so a run that ended with a failed "
+        "cell holds the box until it is torn down"
+    )
+    would = arm(params(box, verb=durable_only, controller_silence_hours=6.0), True, box["pid1"])
+    assert (would["blocked_by"], would["caveats"]) == (blocked, [caveat])
+    result = arm(params(box, verb=durable_only, controller_silence_hours=6.0), False, box["pid1"])
+    assert result["armed"] is True and (result["blocked_by"], result["caveats"]) == (blocked, [caveat])
+    idle_only = arm(params(box, verb=durable_only), False, box["pid1"])
+    assert idle_only["blocked_by"] == blocked and idle_only["caveats"] == []  # no dead-man to disable
+    # A stop that keeps data_dir and durable_dir loses nothing of an archived run or a failed cell.
+    kept = arm(params(box, controller_silence_hours=6.0), False, box["pid1"])
+    assert (kept["blocked_by"], kept["caveats"]) == ([], [])

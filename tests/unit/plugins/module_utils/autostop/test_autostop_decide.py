@@ -184,3 +184,112 @@ def test_the_run_that_armed_autostop_holds_it_until_it_shows_up():
     assert before.reason == "run new is not DONE (it armed autostop and has not started yet)"
     assert expect_run(done("old", "new"), "new") == done("old", "new")
     assert expect_run(Observation(problem="hung"), "new").runs == ()
+
+
+# --- issue 29: the whole instance (every data dir, GPU users outside runs, a stage holding the box, the dead-man) --
+
+BOTH = Timers(idle_s=60.0, silence_s=3600.0, check_interval_s=5.0, gate_retry_max_s=40.0)
+# The gate failed only at cells: with the failed cells accepted, every other copy verified (the box side says so).
+FAILED_CELL = {
+    "passed": False,
+    "step": "cells",
+    "reason": "run r1: cells not done: b (failed, exit 1)",
+    "kept": "run r1 has a failed cell (b), kept on the disk the stop keeps",
+}
+
+
+def test_a_run_in_another_data_dir_holds_the_stop_and_is_named_with_its_data_dir():
+    memory = new_memory("g1", 0.0)
+    obs = Observation(runs=(RunSeen("r1", "done"), RunSeen("r2", "live", "its runner runs", "t1", "/root/scratch")))
+    decisions = [decide(obs, memory, IDLE, float(now)) for now in range(0, 5000, 50)]
+    assert {(d.state, d.action) for d in decisions} == {("waiting", "wait")}
+    assert decisions[-1].reason == "run r2 in /root/scratch is live (its runner runs)"
+    assert decisions[-1].runs[1] == {
+        "run": "r2",
+        "state": "live",
+        "reason": "its runner runs",
+        "data_dir": "/root/scratch",
+    }
+    # The same name in two data dirs is two runs: the other one's change restarts the clock.
+    both = Observation(runs=(RunSeen("r1", "done"), RunSeen("r1", "done", "", None, "/root/scratch")))
+    assert decide(both, memory, IDLE, 5000.0).action == "gate"
+    gate_checked(memory, PASSED, IDLE, 5000.0)
+    assert decide(both, memory, IDLE, 5059.0).state == "idle_wait"
+    again = Observation(runs=(RunSeen("r1", "done"), RunSeen("r1", "done", "", "t9", "/root/scratch")))
+    assert decide(again, memory, IDLE, 5060.0).action == "gate"
+
+
+def test_a_gpu_user_outside_any_run_holds_the_stop_and_is_named():
+    memory = new_memory("g1", 0.0)
+    by_hand = Observation(runs=done("r1").runs, outside=("pid 4242 python3 (GPU 0)",))
+    for now in range(0, 3000, 10):
+        decision = decide(by_hand, memory, IDLE, float(now))
+        assert (decision.state, decision.action) == ("waiting", "wait")
+    assert decision.reason == ("a process outside any run uses a GPU: pid 4242 python3 (GPU 0); a stop would kill it")
+    assert memory.gate is None
+    # It ended: the idle clock starts then, not before.
+    assert decide(done("r1"), memory, IDLE, 3000.0).action == "gate"
+    gate_checked(memory, PASSED, IDLE, 3000.0)
+    assert decide(done("r1"), memory, IDLE, 3059.0).state == "idle_wait"
+    assert decide(done("r1"), memory, IDLE, 3060.0).action == "stop"
+
+
+def test_a_stage_holding_the_box_holds_the_stop_until_it_lets_go():
+    memory = new_memory("g1", 0.0)
+    run(memory, IDLE, done("r1"), 0.0)
+    lease = ("teardown", "2030-01-01T14:02:07Z", "2030-01-01T15:02:07Z")
+    held = Observation(runs=done("r1").runs, lease=lease)
+    for now in range(0, 1000, 10):
+        decision = decide(held, memory, IDLE, float(now))
+        assert (decision.state, decision.action) == ("waiting", "wait")
+    assert decision.reason == "teardown holds the box since 14:02 (until 15:02 UTC): no stop while it does"
+    assert decide(done("r1"), memory, IDLE, 1000.0).action == "stop"  # released: the idle time already counted
+
+
+def test_the_dead_man_stops_a_box_whose_failed_cell_the_stop_keeps_and_says_why():
+    memory = new_memory("g1", 0.0)
+    # A run with a failed cell never writes DONE: its runner ended without it.
+    obs = Observation(runs=(RunSeen("r1", "ended", "its runner ended without DONE", "t0"),), tick='{"tick": 1}')
+    assert decide(obs, memory, BOTH, 0.0).reason == "every run is over: checking the gate"
+    gate_checked(memory, FAILED_CELL, BOTH, 0.0)
+    for now in range(0, 3600, 5):  # the idle timer never stops it: a renter still patrols and decides
+        decision = decide(obs, memory, BOTH, float(now))
+        assert decision.action != "stop" and decision.state == "gate_failed"
+        if decision.action == "gate":
+            gate_checked(memory, FAILED_CELL, BOTH, float(now))
+    assert "the dead-man stops it in " in decision.reason and decision.reason.endswith(
+        "(run r1 has a failed cell (b), kept on the disk the stop keeps)"
+    )
+    fired = decide(obs, memory, BOTH, 3600.0)
+    assert (fired.action, fired.trigger) == ("stop", "controller_silence")
+    assert fired.reason == (
+        "dead-man: patrol silent 60 min; run r1 has a failed cell (b), kept on the disk the stop keeps: stopping"
+    )
+
+
+def test_a_failed_cell_the_stop_would_not_keep_never_fires_the_dead_man():
+    memory = new_memory("g1", 0.0)
+    obs = done("r1")
+    decide(obs, memory, DEAD_MAN, 0.0)
+    lost = dict(FAILED_CELL, kept=None)
+    gate_checked(memory, lost, DEAD_MAN, 0.0)
+    for now in range(0, 50_000, 5):
+        decision = decide(obs, memory, DEAD_MAN, float(now))
+        assert decision.action != "stop"
+        if decision.action == "gate":
+            gate_checked(memory, lost, DEAD_MAN, float(now))
+
+
+def test_a_run_ended_without_done_never_lets_the_idle_timer_stop_and_needs_no_gate_without_a_dead_man():
+    memory = new_memory("g1", 0.0)
+    obs = Observation(runs=(RunSeen("r1", "done"), RunSeen("r2", "ended", "its runner ended without DONE", "t0")))
+    for now in range(0, 10_000, 50):
+        decision = decide(obs, memory, IDLE, float(now))
+        assert (decision.state, decision.action) == ("waiting", "wait")
+    assert decision.reason == "run r2 is not DONE (its runner ended without DONE)"
+    # A passing gate (every cell accepted by hand) still leaves the idle timer to secured runs only.
+    memory = new_memory("g1", 0.0)
+    decide(obs, memory, BOTH, 0.0)
+    gate_checked(memory, PASSED, BOTH, 0.0)
+    assert decide(obs, memory, BOTH, 3599.0).action == "wait"
+    assert decide(obs, memory, BOTH, 3600.0).trigger == "controller_silence"
