@@ -17,6 +17,7 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ansible_collections.remote_gpu.trainer.plugins.module_utils.teardown._meter_stop_verbs import parse_verb, shown
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import number_of
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._launch_cells import PREFIX, kind_of, plain
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._stage import closest, one_line
 
@@ -46,11 +47,9 @@ def _number_or_null(value: Any, option: str, unit: str) -> Tuple[Optional[float]
     """A timer's value: a number (a number in text too, as ``-e`` gives it), or null for no such timer."""
     if value is None or (isinstance(value, str) and value.strip().lower() in NULL_WORDS):
         return None, []
-    if not isinstance(value, bool):
-        try:
-            return float(value), []
-        except (TypeError, ValueError):
-            pass
+    number = number_of(value)  # the one rule for a number given as text, as hourly_usd's
+    if number is not None:
+        return number, []
     return None, [f"{PREFIX}{option} must be a number of {unit}, or null for no such timer, not {kind_of(value)}"]
 
 

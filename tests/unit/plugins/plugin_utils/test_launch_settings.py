@@ -20,6 +20,7 @@ from ansible.template import Templar, trust_as_template
 
 from ansible_collections.remote_gpu.trainer.plugins.modules import training_run
 from ansible_collections.remote_gpu.trainer.plugins.plugin_utils import _launch_settings as options
+from ansible_collections.remote_gpu.trainer.plugins.plugin_utils._cost import number_of
 from ansible_collections.remote_gpu.trainer.tests.profiles import self_stop
 
 SWEEP: Dict[str, Any] = {
@@ -635,6 +636,16 @@ def test_autostop_bounds_and_kinds_are_named(tmp_path: Path) -> None:
         tmp_path, {"launch_autostop_controller_silence_hours": 0}
     )
     assert problems_of(tmp_path, {"launch_autostop": "sure"}) == ["launch_autostop must be true or false, not text"]
+
+
+@pytest.mark.parametrize("text", ["1_000", "nan", "inf", "0x10"])
+def test_autostop_timers_read_text_by_the_one_rule_hourly_usd_is_read_by(tmp_path: Path, text: str) -> None:
+    assert number_of(text) is None  # the rule every stage applies to hourly_usd
+    assert problems_of(tmp_path, {"launch_autostop_controller_silence_hours": text}) == [
+        "launch_autostop_controller_silence_hours must be a number of hours, or null for no such timer, not text"
+    ]
+    settings, _problems = armed(tmp_path, launch_autostop_controller_silence_hours=" 2.5 ")
+    assert settings is not None and settings["autostop"]["controller_silence_hours"] == 2.5 == number_of(" 2.5 ")
 
 
 def test_a_typod_autostop_variable_is_named_with_the_closest_valid_one(tmp_path: Path) -> None:
